@@ -1,0 +1,19 @@
+"""qkv: the attention mechanism, exact and easy to see into.
+
+``softmax(Q Kᵀ / √d_k) V`` over NumPy and PyTorch arrays, with composable masks
+(``qkv.masks``), score mods (``qkv.scores``), the analytic backward pass and a step-by-step
+``explain`` trace. ``import qkv`` never imports torch.
+"""
+
+from . import errors as errors
+from . import masks as masks
+from . import positional as positional
+from . import scores as scores
+from ._core import attention as attention
+from ._core import attention_backward as attention_backward
+from ._softmax import logsumexp as logsumexp
+from ._softmax import softmax as softmax
+
+__version__ = "0.1.0"
+
+__all__ = ["attention", "attention_backward", "errors", "logsumexp", "masks", "positional", "scores", "softmax"]

@@ -1,0 +1,129 @@
+"""Everything that depends on which array library an array comes from lives here.
+
+The rest of qkv writes array code once against the Python array API
+(``xp = namespace(q, k, v)``); torch is never imported by this module unless a torch tensor
+was passed in (``array_api_compat`` checks the type without importing torch).
+"""
+
+from typing import Any
+
+import array_api_compat
+import numpy as np
+
+from .errors import DTypeError
+
+from ._typing import Array
+
+HALF = ("float16", "bfloat16")
+
+
+def is_torch(x: Any) -> bool:
+    """True for a ``torch.Tensor`` (without importing torch)."""
+    return bool(array_api_compat.is_torch_array(x))
+
+
+def kind(x: Any) -> str:
+    """``"torch"`` or ``"numpy"``: the array library of ``x``."""
+    return "torch" if is_torch(x) else "numpy"
+
+
+def as_array(x: Any, name: str) -> Array:
+    """Return ``x`` unchanged if it is a NumPy array or torch tensor; array-likes become NumPy."""
+    if isinstance(x, np.ndarray) or is_torch(x):
+        return x
+    if x is None:
+        raise DTypeError(f"{name} is None; expected a NumPy array or a torch tensor")
+    try:
+        return np.asarray(x)
+    except Exception as e:  # ragged lists and other non-arrays
+        raise DTypeError(f"{name} of type {type(x).__name__} is not an array: {e}") from None
+
+
+def namespace(**arrays: Array) -> Any:
+    """The array API namespace shared by ``arrays`` (keyword names are used in the error).
+
+    Mixed kinds (NumPy with torch) raise ``DTypeError`` (a ``TypeError``): qkv never moves
+    data between libraries behind the caller's back.
+    """
+    kinds = {name: kind(a) for name, a in arrays.items() if a is not None}
+    if len(set(kinds.values())) > 1:
+        listed = ", ".join(f"{n} is {k}" for n, k in kinds.items())
+        raise DTypeError(f"arrays of mixed kinds ({listed}); pass all NumPy arrays or all torch tensors")
+    return array_api_compat.array_namespace(*(a for a in arrays.values() if a is not None))
+
+
+def dtype_name(x: Array) -> str:
+    """``"float32"``, ``"bfloat16"``, ... for NumPy and torch alike."""
+    return str(x.dtype).removeprefix("torch.")
+
+
+def is_floating(x: Array) -> bool:
+    if is_torch(x):
+        return bool(x.dtype.is_floating_point)
+    return bool(np.issubdtype(x.dtype, np.floating))
+
+
+def is_bool(x: Array) -> bool:
+    return dtype_name(x) == "bool"
+
+
+def compute_dtype(xp: Any, x: Array) -> Any:
+    """The dtype arithmetic runs in: float32 for half precision (statistics and products
+    accumulate in float32, API.md), else the input dtype."""
+    return xp.float32 if dtype_name(x) in HALF else x.dtype
+
+
+def device(x: Array) -> Any:
+    return array_api_compat.device(x)
+
+
+def from_numpy(a: np.ndarray, like: Array, dtype: Any = None) -> Array:
+    """Put a NumPy array (mask, bias, index grid) on the library, device and dtype of ``like``."""
+    if is_torch(like):
+        import torch
+
+        t = torch.from_numpy(np.ascontiguousarray(a)).to(device=like.device)
+        return t if dtype is None else t.to(dtype)
+    return a if dtype is None else a.astype(dtype, copy=False)
+
+
+def to_numpy(x: Array) -> np.ndarray:
+    """A NumPy view or copy of ``x`` (detached from autograd for torch)."""
+    if is_torch(x):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def unbroadcast(xp: Any, g: Array, shape: tuple[int, ...]) -> Array:
+    """Sum ``g`` over the axes that broadcasting added or stretched, giving ``shape``.
+
+    The gradient of a broadcast input is the sum over the copies it stood for.
+    """
+    extra = g.ndim - len(shape)
+    if extra > 0:
+        g = xp.sum(g, axis=tuple(range(extra)))
+    axes = tuple(a for a, (n, m) in enumerate(zip(g.shape, shape, strict=True)) if m == 1 and n != 1)
+    if axes:
+        g = xp.sum(g, axis=axes, keepdims=True)
+    return g
+
+
+def rand_uniform(rng: Any, like: Array, shape: tuple[int, ...]) -> Array:
+    """Uniform [0, 1) numbers of ``shape`` from ``rng`` in the library of ``like``.
+
+    ``rng`` is a ``numpy.random.Generator`` for NumPy arrays, a ``torch.Generator`` (or None,
+    the global generator) for torch tensors.
+    """
+    if is_torch(like):
+        import torch
+
+        if rng is not None and not isinstance(rng, torch.Generator):
+            raise DTypeError(f"rng is a {type(rng).__name__}; torch inputs need a torch.Generator or None")
+        gen_device = rng.device if rng is not None else like.device
+        u = torch.rand(shape, generator=rng, device=gen_device, dtype=torch.float32)
+        return u.to(like.device)
+    if rng is None:
+        rng = np.random.default_rng()
+    if not isinstance(rng, np.random.Generator):
+        raise DTypeError(f"rng is a {type(rng).__name__}; NumPy inputs need a numpy.random.Generator or None")
+    return rng.random(shape, dtype=np.float32)
