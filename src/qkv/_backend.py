@@ -82,7 +82,10 @@ def from_numpy(a: np.ndarray, like: Array, dtype: Any = None) -> Array:
     if is_torch(like):
         import torch
 
-        t = torch.from_numpy(np.ascontiguousarray(a)).to(device=like.device)
+        a = np.ascontiguousarray(a)
+        if not a.flags.writeable:  # broadcast views are read-only; torch wants to own writable memory
+            a = a.copy()
+        t = torch.from_numpy(a).to(device=like.device)
         return t if dtype is None else t.to(dtype)
     return a if dtype is None else a.astype(dtype, copy=False)
 

@@ -48,6 +48,7 @@ class Mask:
     allowed: Allowed
     name: str
     tiles: Tiles | None = None
+    size: tuple[int, int] | None = None  # (Nq, Nk) for masks built for one size (from_dense, document)
 
     def dense(self, nq: int, nk: int) -> np.ndarray:
         """The boolean matrix, NumPy ``(..., nq, nk)`` (leading axes only for batch-dependent masks)."""
@@ -85,6 +86,7 @@ class Mask:
             lambda i, j, nq, nk: a.allowed(i, j, nq, nk) & b.allowed(i, j, nq, nk),
             f"({a.name} & {b.name})",
             lambda *t: _and_classes(a._classify(*t), b._classify(*t)),
+            a.size or b.size,
         )
 
     def __or__(self, other: "Mask") -> "Mask":
@@ -93,6 +95,7 @@ class Mask:
             lambda i, j, nq, nk: a.allowed(i, j, nq, nk) | b.allowed(i, j, nq, nk),
             f"({a.name} | {b.name})",
             lambda *t: _or_classes(a._classify(*t), b._classify(*t)),
+            a.size or b.size,
         )
 
     def __invert__(self) -> "Mask":
@@ -101,17 +104,24 @@ class Mask:
             lambda i, j, nq, nk: ~np.asarray(a.allowed(i, j, nq, nk), dtype=bool),
             f"~{a.name}",
             lambda *t: FULL - a._classify(*t),  # FULL <-> EMPTY, PARTIAL stays
+            a.size,
         )
 
     def __repr__(self) -> str:
         return f"Mask {self.name}\n{picture(self)}"
 
 
-def picture(mask: Mask, nq: int = 8, nk: int = 8) -> str:
-    """A text picture of ``mask`` at ``nq x nk`` (first batch element): ``█`` may attend, ``·`` not."""
+def picture(mask: Mask, nq: int | None = None, nk: int | None = None, crop: int = 16) -> str:
+    """A text picture of ``mask`` (first batch element): ``█`` may attend, ``·`` not.
+
+    Drawn at ``nq x nk`` (default: the mask's own size, else 8 x 8), cropped to the top-left
+    ``crop x crop`` corner.
+    """
+    nq, nk = (nq, nk) if nq is not None and nk is not None else (mask.size or (8, 8))
     d = mask.dense(nq, nk)
-    d = d[(0,) * (d.ndim - 2)]
-    return "\n".join(" ".join("█" if x else "·" for x in row) for row in d)
+    d = d[(0,) * (d.ndim - 2)][:crop, :crop]
+    rows = "\n".join(" ".join("█" if x else "·" for x in row) for row in d)
+    return rows if max(nq, nk) <= crop else f"{rows}\n(top-left {d.shape[0]}x{d.shape[1]} of {nq}x{nk})"
 
 
 def _as_mask(m: Any, op: str) -> Mask:
@@ -285,7 +295,7 @@ def document(doc_ids: Any) -> Mask:
         full = (qlo == qhi) & (klo == khi) & (qlo == klo)  # one document on both sides
         return lift(np.where(empty, EMPTY, np.where(full, FULL, PARTIAL)))
 
-    return Mask(allowed, "document", tiles)
+    return Mask(allowed, "document", tiles, (ids.shape[-1], ids.shape[-1]))
 
 
 def prefix_lm(prefix_len: int) -> Mask:
@@ -411,7 +421,7 @@ def from_dense(bool_array: Any) -> Mask:
         full = np.broadcast_to(a, (*a.shape[:-2], nq, nk))
         return full[..., i, j]
 
-    return Mask(allowed, f"from_dense{a.shape}")
+    return Mask(allowed, f"from_dense{a.shape}", size=(a.shape[-2], a.shape[-1]))
 
 
 def from_fn(fn: Callable[[np.ndarray, np.ndarray], Any], name: str | None = None) -> Mask:

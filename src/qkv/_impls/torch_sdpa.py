@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import masks
-from .._backend import compute_dtype, is_torch
+from .._backend import compute_dtype, from_numpy, is_torch, namespace
 from .._typing import Array, Result
 from ._call import Call
 
@@ -58,13 +58,13 @@ def _attn_mask(c: Call, like: Array) -> tuple[Array | None, Array | None, bool]:
     bias = None
     if c.score_mod is not None:
         i, j = np.arange(d.nq)[:, None], np.arange(d.nk)[None, :]
-        bias = c.score_mod.bias(torch, like, i, j, d.nq, d.nk)  # type: ignore[misc]
+        bias = c.score_mod.bias(namespace(q=like), like, i, j, d.nq, d.nk)  # type: ignore[misc]
     if c.bias is not None:
         b = c.bias.to(like.dtype)
         bias = b if bias is None else bias + b
     allowed = None
     if c.mask is not None:
-        allowed = torch.from_numpy(np.ascontiguousarray(c.mask.dense(d.nq, d.nk))).to(like.device)
+        allowed = from_numpy(c.mask.dense(d.nq, d.nk), like)
     if bias is not None:
         hidden = ~torch.isfinite(bias) & (bias < 0)
         allowed = ~hidden if allowed is None else allowed & ~hidden
