@@ -37,6 +37,7 @@ class ScoreMod:
     fn: ModFn
     name: str
     bias: Callable[[Any, Array, np.ndarray, np.ndarray, int, int], Array] | None = None
+    tensors: tuple[Array, ...] = ()  # learnable arrays it closes over (kernels without autograd decline them)
 
     def __call__(self, s: Array, i: np.ndarray, j: np.ndarray, nq: int, nk: int) -> Array:
         """``s'`` for scores ``s`` at rows ``i (rows, 1)`` and columns ``j (1, cols)``."""
@@ -64,7 +65,7 @@ class ScoreMod:
             def both(xp, like, i, j, nq, nk):
                 return ab(xp, like, i, j, nq, nk) + bb(xp, like, i, j, nq, nk)
 
-        return ScoreMod(fn, f"{a.name} + {b.name}", both)
+        return ScoreMod(fn, f"{a.name} + {b.name}", both, a.tensors + b.tensors)
 
     then = __add__
 
@@ -80,11 +81,12 @@ def _mul(a: Grad, b: Grad) -> Grad:
     return a * b
 
 
-def _additive(bias: Callable[[Any, Array, np.ndarray, np.ndarray, int, int], Array], name: str) -> ScoreMod:
+def _additive(bias: Callable[[Any, Array, np.ndarray, np.ndarray, int, int], Array], name: str,
+              tensors: tuple[Array, ...] = ()) -> ScoreMod:
     def fn(xp, s, i, j, nq, nk):
         return s + bias(xp, s, i, j, nq, nk), None
 
-    return ScoreMod(fn, name, bias)
+    return ScoreMod(fn, name, bias, tensors)
 
 
 def _heads(s: Array) -> int:
@@ -127,7 +129,10 @@ def alibi(slopes: Any = None, n_heads: int | None = None) -> ScoreMod:
         b = -xp.reshape(m, (-1, 1, 1)) * dist
         return b if s.ndim >= 3 else b[0]
 
-    return _additive(bias, "alibi" if slopes is None else f"alibi(slopes={list(np.round(np.asarray(slopes), 4))})")
+    if slopes is None:
+        return _additive(bias, "alibi")
+    shown = np.round(np.asarray(slopes.detach().cpu() if is_torch(slopes) else slopes, dtype=float), 4)
+    return _additive(bias, f"alibi(slopes={shown.tolist()})", (slopes,) if is_torch(slopes) else ())
 
 
 def relative_bias(table: Any, max_distance: int) -> ScoreMod:
@@ -155,7 +160,7 @@ def relative_bias(table: Any, max_distance: int) -> ScoreMod:
             b = b[0]
         return b
 
-    return _additive(bias, f"relative_bias(max_distance={m})")
+    return _additive(bias, f"relative_bias(max_distance={m})", (t,) if is_torch(t) else ())
 
 
 def softcap(c: float) -> ScoreMod:

@@ -15,7 +15,8 @@ from typing import Any, NamedTuple
 
 from .._typing import Array, Result
 from ..errors import ArgumentError
-from . import reference, torch_sdpa
+from . import flash, reference, torch_sdpa
+from ._autograd import with_autograd
 from ._call import Call as Call
 
 
@@ -29,6 +30,7 @@ class Impl(NamedTuple):
 IMPLS: dict[str, Impl] = {
     "reference": Impl("reference", lambda c: None, reference.forward, reference.backward),
     "torch": Impl("torch", torch_sdpa.supports, torch_sdpa.forward, torch_sdpa.backward),
+    "flash": Impl("flash", flash.supports, with_autograd(flash.forward, flash.backward), flash.backward),
 }
 AUTO_ORDER = ("torch", "reference")
 

@@ -1,0 +1,54 @@
+"""Torch autograd for impls with their own backward pass (flash-attn's ``FlashAttnFunc`` pattern).
+
+``with_autograd(forward, backward)`` gives a forward that, for torch tensors requiring grad,
+runs inside a ``torch.autograd.Function`` saving only ``q, k, v, out, lse``; the backward
+pass recomputes what it needs. ``torch`` is imported only when a tensor needs it.
+"""
+
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+from .._backend import is_torch
+from .._typing import Array, Result
+from ._call import Call
+
+Forward = Callable[[Call], Result]
+Backward = Callable[..., tuple[Array, Array, Array]]
+
+
+@lru_cache(maxsize=None)
+def _function(forward: Forward, backward: Backward) -> Any:
+    import torch
+
+    class AttentionFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, call):  # type: ignore[override]
+            res = forward(call._replace(q=q, k=k, v=v, want_weights=False))
+            ctx.save_for_backward(q, k, v, res.out, res.lse)
+            ctx.call = call
+            return res.out, res.lse
+
+        @staticmethod
+        def backward(ctx, dout, dlse):  # type: ignore[override]
+            q, k, v, out, lse = ctx.saved_tensors
+            grads = backward(dout, ctx.call._replace(q=q, k=k, v=v), out, lse, dlse)
+            return (*grads, None)
+
+    return AttentionFunction
+
+
+def with_autograd(forward: Forward, backward: Backward) -> Forward:
+    """``forward`` that records one autograd node (``backward``) for torch tensors needing grads."""
+
+    def run(c: Call) -> Result:
+        if not is_torch(c.q) or not any(x.requires_grad for x in (c.q, c.k, c.v)):
+            return forward(c)
+        import torch
+
+        if not torch.is_grad_enabled():
+            return forward(c)
+        out, lse = _function(forward, backward).apply(c.q, c.k, c.v, c)
+        return Result(out, None, lse)  # impls wrapped here decline want_weights with autograd
+
+    return run

@@ -1,0 +1,209 @@
+"""The tiled kernel: exact attention by tiles with the online softmax, O(N) extra memory.
+
+FlashAttention (Dao et al., arXiv:2205.14135; FlashAttention-2, arXiv:2307.08691) on the
+CPU, in array-API code: for each block of ``block_q`` queries, walk the key blocks keeping a
+running row maximum ``m``, a running sum ``l`` and an accumulator rescaled by
+``exp(m_old - m_new)``; the ``Nq x Nk`` matrix never exists. ``Mask.blocks`` classifies
+tiles: EMPTY tiles are skipped, FULL tiles run without evaluating the mask, PARTIAL tiles
+evaluate it on the tile only. The backward pass recomputes each tile's weights from the
+saved ``lse`` (``A = exp(S - lse)``) and skips the same tiles.
+
+All batch and head axes go through each tile's matmul at once, so the Python loop runs over
+tiles only; grouped heads view ``q`` as ``(*B, Hkv, H/Hkv, N, D)`` (no K/V copies).
+"""
+
+from typing import Any
+
+import numpy as np
+
+from .. import masks
+from .._backend import compute_dtype, from_numpy, namespace
+from .._typing import Array, Result
+from ._call import Call
+from .reference import group_kv, group_q, ungroup
+
+BLOCK_Q = 256
+BLOCK_K = 512
+"""Default tile sizes (see BENCHMARKS.md: 256 x 512 float32 scores are 512 KiB, an L2-sized
+working set, and large enough that per-tile Python overhead stays under a few percent)."""
+
+
+def supports(c: Call) -> str | None:
+    if c.dropout > 0:
+        return "the flash kernel has no dropout"
+    if c.want_weights and any(getattr(x, "requires_grad", False) for x in (c.q, c.k, c.v)):
+        return "the flash kernel's rebuilt weights carry no gradient"
+    if getattr(c.bias, "requires_grad", False):
+        return "the flash kernel gives no gradient to a float mask that requires grad"
+    if c.score_mod is not None and any(getattr(t, "requires_grad", False) for t in c.score_mod.tensors):
+        return "the flash kernel gives no gradient to a score mod's learnable tensors"
+    return None
+
+
+def tile_classes(c: Call, block_q: int, block_k: int) -> np.ndarray:
+    """``(nbq, nbk)`` classes valid for every batch element: EMPTY / FULL only where all agree."""
+    d = c.dims
+    nbq, nbk = -(-d.nq // block_q), -(-d.nk // block_k)
+    if c.mask is None:
+        return np.full((nbq, nbk), masks.FULL, dtype=np.int8)
+    cls = c.mask.blocks(d.nq, d.nk, block_q, block_k)
+    if cls.ndim > 2:
+        flat = cls.reshape(-1, nbq, nbk)
+        cls = np.where((flat == masks.EMPTY).all(0), masks.EMPTY,
+                       np.where((flat == masks.FULL).all(0), masks.FULL, masks.PARTIAL))
+    return cls
+
+
+def _bias_tile(bias: Array, q0: int, q1: int, k0: int, k1: int) -> Array:
+    rows = slice(q0, q1) if bias.shape[-2] != 1 else slice(None)
+    cols = slice(k0, k1) if bias.shape[-1] != 1 else slice(None)
+    return bias[..., rows, cols]
+
+
+class _Tiles:
+    """The scores of one tile after scale, score mod, bias and mask (shared by both passes)."""
+
+    def __init__(self, xp: Any, c: Call, q: Array, k: Array, ct: Any):
+        self.xp, self.c, self.ct = xp, c, ct
+        self.qg, self.kg = group_q(xp, q, c.dims), group_kv(xp, k, c.dims)
+        self.neg_inf = xp.asarray(-float("inf"), dtype=ct)
+
+    def scores(self, q0: int, q1: int, k0: int, k1: int, cls: int) -> tuple[Array, Any]:
+        xp, c, d = self.xp, self.c, self.c.dims
+        qb = self.qg[..., q0:q1, :]
+        kb = self.kg[..., k0:k1, :]
+        if qb.dtype != self.ct:
+            qb, kb = xp.astype(qb, self.ct), xp.astype(kb, self.ct)
+        s = ungroup(xp, qb @ kb.mT, d) * c.scale
+        grad = None
+        if c.score_mod is not None:
+            i, j = np.arange(q0, q1)[:, None], np.arange(k0, k1)[None, :]
+            s, grad = c.score_mod.with_grad(s, i, j, d.nq, d.nk)
+        if c.bias is not None:
+            s = s + xp.astype(_bias_tile(c.bias, q0, q1, k0, k1), self.ct)
+        if cls == masks.PARTIAL:
+            allowed = from_numpy(c.mask.tile(q0, q1, k0, k1, d.nq, d.nk), s)  # type: ignore[union-attr]
+            s = xp.where(allowed, s, self.neg_inf)
+        return s, grad
+
+
+def _blocks(n: int, size: int) -> list[tuple[int, int]]:
+    return [(a, min(a + size, n)) for a in range(0, n, size)]
+
+
+def forward(c: Call, block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> Result:
+    xp = namespace(q=c.q, k=c.k, v=c.v)
+    d = c.dims
+    ct = compute_dtype(xp, c.q)
+    tiles = _Tiles(xp, c, c.q, c.k, ct)
+    vg = group_kv(xp, c.v, d)
+    classes = tile_classes(c, block_q, block_k)
+    kblocks = _blocks(d.nk, block_k)
+    lead = d.score_shape[:-2]
+    outs, lses = [], []
+    for bi, (q0, q1) in enumerate(_blocks(d.nq, block_q)):
+        m = xp.full((*lead, q1 - q0, 1), -float("inf"), dtype=ct)
+        l = xp.zeros((*lead, q1 - q0, 1), dtype=ct)
+        acc = xp.zeros((*lead, q1 - q0, d.dv), dtype=ct)
+        for bj in np.flatnonzero(classes[bi] != masks.EMPTY):
+            k0, k1 = kblocks[bj]
+            s, _ = tiles.scores(q0, q1, k0, k1, int(classes[bi, bj]))
+            m_new = xp.maximum(m, xp.max(s, axis=-1, keepdims=True))
+            m_safe = xp.where(xp.isfinite(m_new), m_new, xp.zeros_like(m_new))  # all -inf so far: shift by 0
+            p = xp.exp(s - m_safe)
+            alpha = xp.exp(m - m_safe)  # rescales what was summed under the old maximum
+            vb = vg[..., k0:k1, :]
+            if vb.dtype != ct:
+                vb = xp.astype(vb, ct)
+            l = l * alpha + xp.sum(p, axis=-1, keepdims=True)
+            acc = acc * alpha + ungroup(xp, group_q(xp, p, d) @ vb, d)
+            m = m_new
+        nonempty = l > 0
+        safe_l = xp.where(nonempty, l, xp.ones_like(l))
+        m_safe = xp.where(xp.isfinite(m), m, xp.zeros_like(m))
+        outs.append(acc / safe_l)
+        lses.append(xp.where(nonempty, xp.log(safe_l) + m_safe, xp.full_like(l, -float("inf"))))
+    out = xp.astype(xp.concat(outs, axis=-2), c.q.dtype)
+    lse = xp.concat(lses, axis=-2)[..., 0]
+    weights = _weights(xp, c, lse, tiles, classes, block_q, block_k) if c.want_weights else None
+    return Result(out, weights, lse)
+
+
+def _weights(xp: Any, c: Call, lse: Array, tiles: _Tiles, classes: np.ndarray, bq: int, bk: int) -> Array:
+    """``A = exp(S - lse)`` rebuilt tile by tile (asked for explicitly: this is ``Nq x Nk``)."""
+    d = c.dims
+    rows = []
+    for bi, (q0, q1) in enumerate(_blocks(d.nq, bq)):
+        lse_b = lse[..., q0:q1, None]
+        finite = xp.isfinite(lse_b)
+        shift = xp.where(finite, lse_b, xp.zeros_like(lse_b))
+        cols = []
+        for bj, (k0, k1) in enumerate(_blocks(d.nk, bk)):
+            if classes[bi, bj] == masks.EMPTY:
+                cols.append(xp.zeros((*d.score_shape[:-2], q1 - q0, k1 - k0), dtype=lse.dtype))
+                continue
+            s, _ = tiles.scores(q0, q1, k0, k1, int(classes[bi, bj]))
+            a = xp.exp(s - shift)
+            cols.append(xp.where(finite, a, xp.zeros_like(a)))
+        rows.append(xp.concat(cols, axis=-1))
+    return xp.astype(xp.concat(rows, axis=-2), c.q.dtype)
+
+
+def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = None,
+             block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> tuple[Array, Array, Array]:
+    """Gradients by tiles, recomputing ``A = exp(S - lse)`` (FlashAttention-2, Algorithm 2).
+
+    ``D = rowsum(dO ∘ O)``; per tile ``dV += Aᵀ dO``, ``dS = A ∘ (dO Vᵀ − D + dlse)`` through
+    the score mod's derivative, ``dQ += dS K · scale``, ``dK += dSᵀ Q · scale``. ``dlse`` is
+    the gradient reaching ``lse`` when the caller used it (``∂lse/∂S = A``).
+    """
+    from .._backend import unbroadcast
+
+    xp = namespace(dout=dout, q=c.q, k=c.k, v=c.v)
+    d = c.dims
+    ct = compute_dtype(xp, c.q)
+    tiles = _Tiles(xp, c, c.q, c.k, ct)
+    classes = tile_classes(c, block_q, block_k)
+    do = xp.astype(dout, ct)
+    dsum = xp.sum(do * xp.astype(out, ct), axis=-1, keepdims=True)  # D, (*B, H, Nq, 1)
+    if dlse is not None:
+        dsum = dsum - xp.astype(dlse, ct)[..., None]
+    lse = xp.astype(lse, ct)[..., None]
+    finite = xp.isfinite(lse)
+    shift = xp.where(finite, lse, xp.zeros_like(lse))
+    vg = group_kv(xp, c.v, d)
+    qg = tiles.qg
+    lead = d.score_shape[:-2]
+    kv_lead = (*lead[:-1], d.hkv, d.h // d.hkv) if d.grouped else lead  # grouped: (*B, Hkv, H/Hkv)
+    dq = xp.zeros((*lead, d.nq, d.dk), dtype=ct)
+    dk = xp.zeros((*kv_lead, d.nk, d.dk), dtype=ct)
+    dv = xp.zeros((*kv_lead, d.nk, d.dv), dtype=ct)
+    kblocks = _blocks(d.nk, block_k)
+    for bi, (q0, q1) in enumerate(_blocks(d.nq, block_q)):
+        dob, db, sh, fin = do[..., q0:q1, :], dsum[..., q0:q1, :], shift[..., q0:q1, :], finite[..., q0:q1, :]
+        dog = group_q(xp, dob, d)
+        qb = qg[..., q0:q1, :]
+        if qb.dtype != ct:
+            qb = xp.astype(qb, ct)
+        dq_acc = xp.zeros((*lead, q1 - q0, d.dk), dtype=ct)
+        for bj in np.flatnonzero(classes[bi] != masks.EMPTY):
+            k0, k1 = kblocks[bj]
+            s, grad = tiles.scores(q0, q1, k0, k1, int(classes[bi, bj]))
+            a = xp.exp(s - sh)
+            a = xp.where(fin, a, xp.zeros_like(a))
+            vb, kb = vg[..., k0:k1, :], tiles.kg[..., k0:k1, :]
+            if vb.dtype != ct:
+                vb, kb = xp.astype(vb, ct), xp.astype(kb, ct)
+            dv[..., k0:k1, :] += group_q(xp, a, d).mT @ dog
+            ds = a * (ungroup(xp, dog @ vb.mT, d) - db)
+            if grad is not None:
+                ds = ds * grad
+            dq_acc = dq_acc + ungroup(xp, group_q(xp, ds, d) @ kb, d)
+            dk[..., k0:k1, :] += group_q(xp, ds, d).mT @ qb
+        dq[..., q0:q1, :] = dq_acc
+    dq, dk = dq * c.scale, dk * c.scale
+    if d.grouped:
+        dk, dv = xp.sum(dk, axis=-3), xp.sum(dv, axis=-3)
+    return tuple(  # type: ignore[return-value]
+        xp.astype(unbroadcast(xp, g, tuple(x.shape)), x.dtype) for g, x in ((dq, c.q), (dk, c.k), (dv, c.v))
+    )
