@@ -73,7 +73,8 @@ class Mask:
         q0 = np.arange(0, nq, block_q)[:, None]
         k0 = np.arange(0, nk, block_k)[None, :]
         q1, k1 = np.minimum(q0 + block_q, nq), np.minimum(k0 + block_k, nk)
-        return self._classify(q0, q1, k0, k1, nq, nk).astype(np.int8)
+        c = self._classify(q0, q1, k0, k1, nq, nk).astype(np.int8)
+        return np.broadcast_to(c, np.broadcast_shapes(c.shape, (q0.size, k0.size))).copy()
 
     def _classify(self, q0: np.ndarray, q1: np.ndarray, k0: np.ndarray, k1: np.ndarray, nq: int, nk: int):
         if self.tiles is not None:
@@ -336,8 +337,12 @@ def global_tokens(indices: Sequence[int] | np.ndarray) -> Mask:
         marks = np.zeros(n, dtype=np.int64)
         marks[idx[idx < n]] = 1
         cum = np.concatenate([[0], np.cumsum(marks)])  # cum[x] = global positions below x
-        rows = cum[q1 + o] - cum[q0 + o]
-        cols = cum[k1] - cum[k0]
+
+        def below(x: np.ndarray) -> np.ndarray:
+            return cum[np.clip(x, 0, n)]  # aligned positions may be negative when Nq > Nk
+
+        rows = below(q1 + o) - below(q0 + o)
+        cols = below(k1) - below(k0)
         full = (rows == q1 - q0) | (cols == k1 - k0)
         return np.where(full, FULL, np.where((rows > 0) | (cols > 0), PARTIAL, EMPTY))
 

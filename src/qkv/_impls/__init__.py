@@ -2,17 +2,23 @@
 
 Each ``Impl`` says whether it can give the contract's exact semantics for a call
 (``supports`` returns None, or the reason it cannot), and provides ``forward`` and
-``backward``. ``"auto"`` takes the first impl in ``AUTO_ORDER`` that supports the call.
+``backward``. ``"auto"`` follows this decision table, measured in BENCHMARKS.md
+(``benchmarks/auto.py``):
 
-Decision table for ``"auto"`` (fastest exact first):
-
-    torch tensors, no weights/lse wanted, no rng, only additive score mods  -> "torch" (SDPA)
-    everything else                                                         -> "reference"
+    1. torch tensors, SDPA supports the call, and no mask or the plain causal mask with
+       Nq == Nk (SDPA's own fused kernel, ~1.5-2x the tiled kernel)           -> "torch"
+    2. fewer than SMALL score entries (Nq · Nk), where tiling only adds overhead:
+       "torch" if it supports the call, else                                   -> "reference"
+    3. the flash kernel supports the call and its mask hides at least half the
+       tiles (or SDPA cannot run it)                                           -> "flash"
+    4. SDPA supports the call (dense work, explicit mask)                      -> "torch"
+    5. otherwise                                                               -> "reference"
 """
 
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from .. import masks
 from .._typing import Array, Result
 from ..errors import ArgumentError
 from . import flash, reference, torch_sdpa
@@ -32,16 +38,35 @@ IMPLS: dict[str, Impl] = {
     "torch": Impl("torch", torch_sdpa.supports, torch_sdpa.forward, torch_sdpa.backward),
     "flash": Impl("flash", flash.supports, with_autograd(flash.forward, flash.backward), flash.backward),
 }
-AUTO_ORDER = ("torch", "reference")
+SMALL = 256 * 256
+"""Below this many score entries per head the reference impl beats the tiled one (BENCHMARKS.md)."""
+
+
+def _kept_fraction(c: Call) -> float:
+    if c.mask is None:
+        return 1.0
+    classes = flash.tile_classes(c, flash.BLOCK_Q, flash.BLOCK_K)
+    return float((classes != 0).mean())
+
+
+def auto(c: Call) -> Impl:
+    """The fastest exact impl for ``c`` (decision table in the module docstring)."""
+    d = c.dims
+    sdpa = IMPLS["torch"].supports(c) is None
+    plain = c.mask is None or (c.mask is masks.causal() and d.nq == d.nk)
+    if sdpa and plain:
+        return IMPLS["torch"]
+    if d.nq * d.nk < SMALL:
+        return IMPLS["torch" if sdpa else "reference"]
+    if IMPLS["flash"].supports(c) is None and (not sdpa or _kept_fraction(c) <= 0.5):
+        return IMPLS["flash"]
+    return IMPLS["torch" if sdpa else "reference"]
 
 
 def choose(impl: str, call: Call) -> Impl:
     """The impl named ``impl`` (or the one ``"auto"`` picks); raises if it cannot run ``call``."""
     if impl == "auto":
-        for name in AUTO_ORDER:
-            if IMPLS[name].supports(call) is None:
-                return IMPLS[name]
-        raise AssertionError("the reference impl supports every call")
+        return auto(call)
     if impl not in IMPLS:
         raise ArgumentError(f"impl must be one of {['auto', *IMPLS]}, got {impl!r}")
     why = IMPLS[impl].supports(call)

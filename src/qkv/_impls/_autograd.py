@@ -6,7 +6,7 @@ pass recomputes what it needs. ``torch`` is imported only when a tensor needs it
 """
 
 from collections.abc import Callable
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from .._backend import is_torch
@@ -17,20 +17,20 @@ Forward = Callable[[Call], Result]
 Backward = Callable[..., tuple[Array, Array, Array]]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _function(forward: Forward, backward: Backward) -> Any:
     import torch
 
     class AttentionFunction(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, call):  # type: ignore[override]
+        def forward(ctx, q, k, v, call):
             res = forward(call._replace(q=q, k=k, v=v, want_weights=False))
             ctx.save_for_backward(q, k, v, res.out, res.lse)
             ctx.call = call
             return res.out, res.lse
 
         @staticmethod
-        def backward(ctx, dout, dlse):  # type: ignore[override]
+        def backward(ctx, dout, dlse):
             q, k, v, out, lse = ctx.saved_tensors
             grads = backward(dout, ctx.call._replace(q=q, k=k, v=v), out, lse, dlse)
             return (*grads, None)

@@ -204,6 +204,6 @@ def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = 
     dq, dk = dq * c.scale, dk * c.scale
     if d.grouped:
         dk, dv = xp.sum(dk, axis=-3), xp.sum(dv, axis=-3)
-    return tuple(  # type: ignore[return-value]
+    return tuple(
         xp.astype(unbroadcast(xp, g, tuple(x.shape)), x.dtype) for g, x in ((dq, c.q), (dk, c.k), (dv, c.v))
     )

@@ -104,6 +104,6 @@ def backward(dout: Array, c: Call, out: Array, lse: Array) -> tuple[Array, Array
     dk = (dsg.mT @ group_q(xp, q, d)) * c.scale
     if d.grouped:  # (*B, Hkv, H/Hkv, Nk, D): sum each kv head's query heads
         dk, dv = xp.sum(dk, axis=-3), xp.sum(dv, axis=-3)
-    return tuple(  # type: ignore[return-value]
+    return tuple(
         _cast(xp, unbroadcast(xp, g, tuple(x.shape)), x.dtype) for g, x in ((dq, c.q), (dk, c.k), (dv, c.v))
     )
