@@ -11,9 +11,14 @@ from . import positional as positional
 from . import scores as scores
 from ._core import attention as attention
 from ._core import attention_backward as attention_backward
+from ._explain import Trace as Trace
+from ._explain import explain as explain
 from ._softmax import logsumexp as logsumexp
 from ._softmax import softmax as softmax
 
 __version__ = "0.1.0"
 
-__all__ = ["attention", "attention_backward", "errors", "logsumexp", "masks", "positional", "scores", "softmax"]
+__all__ = [
+    "Trace", "attention", "attention_backward", "errors", "explain", "logsumexp", "masks", "positional",
+    "scores", "softmax",
+]

@@ -10,9 +10,8 @@ from typing import Any
 import array_api_compat
 import numpy as np
 
-from .errors import DTypeError
-
 from ._typing import Array
+from .errors import DTypeError
 
 HALF = ("float16", "bfloat16")
 
@@ -130,3 +129,20 @@ def rand_uniform(rng: Any, like: Array, shape: tuple[int, ...]) -> Array:
     if not isinstance(rng, np.random.Generator):
         raise DTypeError(f"rng is a {type(rng).__name__}; NumPy inputs need a numpy.random.Generator or None")
     return rng.random(shape, dtype=np.float32)
+
+
+def add_(x: Array, y: Array) -> Array:
+    """``x + y`` written into ``x`` (a fresh tile the caller owns); saves a pass and an allocation."""
+    if is_torch(x):
+        return x.add_(y)
+    if np.broadcast_shapes(x.shape, y.shape) == x.shape:
+        return np.add(x, y, out=x)
+    return x + y
+
+
+def exp_sub_(x: Array, m: Array) -> Array:
+    """``exp(x - m)`` written into ``x`` (a fresh tile the caller owns)."""
+    if is_torch(x):
+        return x.sub_(m).exp_()
+    np.subtract(x, m, out=x)
+    return np.exp(x, out=x)

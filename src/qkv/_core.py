@@ -8,10 +8,10 @@ the last line picks the tuple API.md promises.
 from typing import Any, Literal, overload
 
 from . import masks
-from ._backend import as_array, is_bool, is_floating, namespace
+from ._backend import as_array, compute_dtype, device, is_bool, is_floating, namespace
 from ._checks import check_covers, check_dropout, check_qkv, check_scale
 from ._impls import Call, choose
-from ._typing import Array
+from ._typing import Array, Result
 from .errors import DTypeError, MaskError
 from .masks import Mask
 from .scores import ScoreMod
@@ -50,12 +50,24 @@ def _call(q, k, v, mask, causal, scale, score_mod, dropout=0.0, rng=None, weight
     if m is not None:
         lead = m.tile(0, 1, 0, 1, dims.nq, dims.nk).shape[:-2]  # a 1x1 tile: batch axes, cheaply
         check_covers("mask", (*lead, dims.nq, dims.nk), dims.score_shape)
+        if m.tiles is not None and (m.blocks(dims.nq, dims.nk, dims.nq, dims.nk) == masks.FULL).all():
+            m = None  # hides nothing here (e.g. causal for one query against a cache): no mask at all
     if bias is not None:
         check_covers("mask", tuple(bias.shape), dims.score_shape)
     if score_mod is not None and not isinstance(score_mod, ScoreMod):
         raise DTypeError(f"score_mod must be a qkv.scores.ScoreMod, got {type(score_mod).__name__}")
     return Call(q, k, v, dims, m, bias, score_mod, check_scale(scale, dims.dk), check_dropout(dropout), rng,
                 weights, lse)
+
+
+def _no_keys_or_queries(c: Call) -> Result:
+    """Nq = 0 or Nk = 0: every query row attends nothing, so zeros and ``lse = -inf``."""
+    xp, d = namespace(q=c.q), c.dims
+    dev = device(c.q)
+    out = xp.zeros((*d.score_shape[:-1], d.dv), dtype=c.q.dtype, device=dev)
+    weights = xp.zeros(d.score_shape, dtype=c.q.dtype, device=dev)
+    lse = xp.full(d.score_shape[:-1], -float("inf"), dtype=compute_dtype(xp, c.q), device=dev)
+    return Result(out, weights, lse)
 
 
 @overload
@@ -91,7 +103,8 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None, d
     >>> out, lse = attention(q, k, v, mask=masks.sliding_window(128), return_lse=True)
     """
     c = _call(q, k, v, mask, causal, scale, score_mod, dropout, rng, return_weights, return_lse)
-    res = choose(impl, c).forward(c)
+    chosen = choose(impl, c)
+    res = _no_keys_or_queries(c) if c.dims.nq * c.dims.nk == 0 else chosen.forward(c)
     picked = [res.out]
     if return_weights:
         picked.append(res.weights)
@@ -123,4 +136,7 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, causal=False, scal
             raise ShapeError(f"{name} has shape {tuple(x.shape)} but the forward pass gives {shape} "
                              f"(q: {tuple(c.q.shape)}, k: {tuple(c.k.shape)}, v: {tuple(c.v.shape)})")
     chosen = choose(impl, c)
+    if c.dims.nq * c.dims.nk == 0:  # nothing attended: every gradient is zero
+        xp = namespace(q=c.q)
+        return tuple(xp.zeros_like(x) for x in (c.q, c.k, c.v))
     return tuple(chosen.backward(dout, c, out, lse))

@@ -21,6 +21,8 @@ def _stats(xp: Any, x: Array, axis: int) -> tuple[Array, Array, Array]:
 
 def softmax_lse(xp: Any, x: Array, axis: int = -1) -> tuple[Array, Array]:
     """``(softmax(x), logsumexp(x))`` along ``axis`` in the dtype of ``x``; lse keeps no axis."""
+    if x.shape[axis] == 0:  # an empty row: nothing to attend
+        return x, xp.full(tuple(n for a, n in enumerate(x.shape) if a != axis % x.ndim), -float("inf"), dtype=x.dtype)
     e, l, m = _stats(xp, x, axis)
     nonempty = l > 0
     safe_l = xp.where(nonempty, l, xp.ones_like(l))

@@ -17,15 +17,27 @@ from typing import Any
 import numpy as np
 
 from .. import masks
-from .._backend import compute_dtype, from_numpy, namespace
+from .._backend import add_, compute_dtype, exp_sub_, from_numpy, namespace
 from .._typing import Array, Result
 from ._call import Call
 from .reference import group_kv, group_q, ungroup
 
 BLOCK_Q = 256
 BLOCK_K = 512
-"""Default tile sizes (see BENCHMARKS.md: 256 x 512 float32 scores are 512 KiB, an L2-sized
-working set, and large enough that per-tile Python overhead stays under a few percent)."""
+"""Default tile sizes (see BENCHMARKS.md: 256 x 512 float32 scores are 512 KiB per head, and
+large enough that per-tile Python overhead stays under a few percent)."""
+
+
+def tile_sizes(nq: int, nk: int, block_q: int | None = None, block_k: int | None = None) -> tuple[int, int]:
+    """``(block_q, block_k)`` for a call: the defaults, widened along Nk when Nq is short.
+
+    A decode step (Nq = 1) gets the tile area of a full tile in one row, so a 32k cache is
+    a handful of tiles rather than 64 tiny ones dominated by per-tile overhead.
+    """
+    bq = max(1, min(block_q or BLOCK_Q, nq))
+    if block_k is not None:
+        return bq, max(1, min(block_k, nk))
+    return bq, max(1, min(nk, max(BLOCK_K, (BLOCK_Q * BLOCK_K) // bq)))
 
 
 def supports(c: Call) -> str | None:
@@ -66,24 +78,32 @@ class _Tiles:
     def __init__(self, xp: Any, c: Call, q: Array, k: Array, ct: Any):
         self.xp, self.c, self.ct = xp, c, ct
         self.qg, self.kg = group_q(xp, q, c.dims), group_kv(xp, k, c.dims)
-        self.neg_inf = xp.asarray(-float("inf"), dtype=ct)
+        self.q_block: tuple[int, Array] | None = None
+
+    def _scaled_q(self, q0: int, q1: int) -> Array:
+        """``q[q0:q1] · scale`` in the compute dtype, kept while the row of tiles lasts."""
+        if self.q_block is None or self.q_block[0] != q0:
+            qb = self.qg[..., q0:q1, :]
+            qb = (qb if qb.dtype == self.ct else self.xp.astype(qb, self.ct)) * self.c.scale
+            self.q_block = (q0, qb)
+        return self.q_block[1]
 
     def scores(self, q0: int, q1: int, k0: int, k1: int, cls: int) -> tuple[Array, Any]:
         xp, c, d = self.xp, self.c, self.c.dims
-        qb = self.qg[..., q0:q1, :]
         kb = self.kg[..., k0:k1, :]
-        if qb.dtype != self.ct:
-            qb, kb = xp.astype(qb, self.ct), xp.astype(kb, self.ct)
-        s = ungroup(xp, qb @ kb.mT, d) * c.scale
+        if kb.dtype != self.ct:
+            kb = xp.astype(kb, self.ct)
+        s = ungroup(xp, self._scaled_q(q0, q1) @ kb.mT, d)  # scale folded into q: one pass fewer
         grad = None
         if c.score_mod is not None:
             i, j = np.arange(q0, q1)[:, None], np.arange(k0, k1)[None, :]
             s, grad = c.score_mod.with_grad(s, i, j, d.nq, d.nk)
         if c.bias is not None:
-            s = s + xp.astype(_bias_tile(c.bias, q0, q1, k0, k1), self.ct)
+            s = add_(s, xp.astype(_bias_tile(c.bias, q0, q1, k0, k1), self.ct))
         if cls == masks.PARTIAL:
-            allowed = from_numpy(c.mask.tile(q0, q1, k0, k1, d.nq, d.nk), s)  # type: ignore[union-attr]
-            s = xp.where(allowed, s, self.neg_inf)
+            hidden = ~c.mask.tile(q0, q1, k0, k1, d.nq, d.nk)  # type: ignore[union-attr]
+            # adding a 0 / -inf tile is ~8x faster than where() on the CPU (BENCHMARKS.md)
+            s = add_(s, from_numpy(np.where(hidden, np.float32(-np.inf), np.float32(0)), s, self.ct))
         return s, grad
 
 
@@ -91,9 +111,10 @@ def _blocks(n: int, size: int) -> list[tuple[int, int]]:
     return [(a, min(a + size, n)) for a in range(0, n, size)]
 
 
-def forward(c: Call, block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> Result:
+def forward(c: Call, block_q: int | None = None, block_k: int | None = None) -> Result:
     xp = namespace(q=c.q, k=c.k, v=c.v)
     d = c.dims
+    block_q, block_k = tile_sizes(d.nq, d.nk, block_q, block_k)
     ct = compute_dtype(xp, c.q)
     tiles = _Tiles(xp, c, c.q, c.k, ct)
     vg = group_kv(xp, c.v, d)
@@ -110,7 +131,7 @@ def forward(c: Call, block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> Result:
             s, _ = tiles.scores(q0, q1, k0, k1, int(classes[bi, bj]))
             m_new = xp.maximum(m, xp.max(s, axis=-1, keepdims=True))
             m_safe = xp.where(xp.isfinite(m_new), m_new, xp.zeros_like(m_new))  # all -inf so far: shift by 0
-            p = xp.exp(s - m_safe)
+            p = exp_sub_(s, m_safe)
             alpha = xp.exp(m - m_safe)  # rescales what was summed under the old maximum
             vb = vg[..., k0:k1, :]
             if vb.dtype != ct:
@@ -150,7 +171,7 @@ def _weights(xp: Any, c: Call, lse: Array, tiles: _Tiles, classes: np.ndarray, b
 
 
 def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = None,
-             block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> tuple[Array, Array, Array]:
+             block_q: int | None = None, block_k: int | None = None) -> tuple[Array, Array, Array]:
     """Gradients by tiles, recomputing ``A = exp(S - lse)`` (FlashAttention-2, Algorithm 2).
 
     ``D = rowsum(dO ∘ O)``; per tile ``dV += Aᵀ dO``, ``dS = A ∘ (dO Vᵀ − D + dlse)`` through
@@ -161,6 +182,7 @@ def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = 
 
     xp = namespace(dout=dout, q=c.q, k=c.k, v=c.v)
     d = c.dims
+    block_q, block_k = tile_sizes(d.nq, d.nk, block_q, block_k)
     ct = compute_dtype(xp, c.q)
     tiles = _Tiles(xp, c, c.q, c.k, ct)
     classes = tile_classes(c, block_q, block_k)
@@ -169,8 +191,7 @@ def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = 
     if dlse is not None:
         dsum = dsum - xp.astype(dlse, ct)[..., None]
     lse = xp.astype(lse, ct)[..., None]
-    finite = xp.isfinite(lse)
-    shift = xp.where(finite, lse, xp.zeros_like(lse))
+    shift = xp.where(xp.isfinite(lse), lse, xp.zeros_like(lse))
     vg = group_kv(xp, c.v, d)
     qg = tiles.qg
     lead = d.score_shape[:-2]
@@ -180,7 +201,7 @@ def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = 
     dv = xp.zeros((*kv_lead, d.nk, d.dv), dtype=ct)
     kblocks = _blocks(d.nk, block_k)
     for bi, (q0, q1) in enumerate(_blocks(d.nq, block_q)):
-        dob, db, sh, fin = do[..., q0:q1, :], dsum[..., q0:q1, :], shift[..., q0:q1, :], finite[..., q0:q1, :]
+        dob, db, sh = do[..., q0:q1, :], dsum[..., q0:q1, :], shift[..., q0:q1, :]
         dog = group_q(xp, dob, d)
         qb = qg[..., q0:q1, :]
         if qb.dtype != ct:
@@ -189,8 +210,7 @@ def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = 
         for bj in np.flatnonzero(classes[bi] != masks.EMPTY):
             k0, k1 = kblocks[bj]
             s, grad = tiles.scores(q0, q1, k0, k1, int(classes[bi, bj]))
-            a = xp.exp(s - sh)
-            a = xp.where(fin, a, xp.zeros_like(a))
+            a = exp_sub_(s, sh)  # an empty row is all -inf here, so exp gives its zeros
             vb, kb = vg[..., k0:k1, :], tiles.kg[..., k0:k1, :]
             if vb.dtype != ct:
                 vb, kb = xp.astype(vb, ct), xp.astype(kb, ct)
