@@ -92,7 +92,8 @@ def from_numpy(a: np.ndarray, like: Array, dtype: Any = None) -> Array:
 def to_numpy(x: Array) -> np.ndarray:
     """A NumPy view or copy of ``x`` (detached from autograd for torch)."""
     if is_torch(x):
-        return x.detach().cpu().numpy()
+        x = x.detach().cpu()
+        return (x.float() if dtype_name(x) == "bfloat16" else x).numpy()  # NumPy has no bfloat16
     return np.asarray(x)
 
 

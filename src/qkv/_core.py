@@ -12,7 +12,7 @@ from ._backend import as_array, compute_dtype, device, is_bool, is_floating, nam
 from ._checks import check_covers, check_dropout, check_qkv, check_scale
 from ._impls import Call, choose
 from ._typing import Array, Result
-from .errors import DTypeError, MaskError
+from .errors import DTypeError, MaskError, ShapeError
 from .masks import Mask
 from .scores import ScoreMod
 
@@ -131,8 +131,6 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, causal=False, scal
     expected = (*c.dims.score_shape[:-1], c.dims.dv)
     for name, x, shape in (("dout", dout, expected), ("out", out, expected), ("lse", lse, expected[:-1])):
         if tuple(x.shape) != shape:
-            from .errors import ShapeError
-
             raise ShapeError(f"{name} has shape {tuple(x.shape)} but the forward pass gives {shape} "
                              f"(q: {tuple(c.q.shape)}, k: {tuple(c.k.shape)}, v: {tuple(c.v.shape)})")
     chosen = choose(impl, c)

@@ -170,7 +170,7 @@ def explain(q: Any = None, k: Any = None, v: Any = None, *, mask: Any = None, ca
         raise ArgumentError(f"explain replays the deterministic computation; dropout={c.dropout} is not "
                             "supported (explain with dropout=0)")
     n = _numpy_call(c)
-    steps, mod_grad = _forward(n)
+    steps, mod_grad = _forward(n, default_scale=scale is None)
     if grad or dout is not None:
         steps += _backward(n, _dout(dout, c, n), steps, mod_grad)
     inputs = {"q": c.q.shape, "k": c.k.shape, "v": c.v.shape}
@@ -210,7 +210,7 @@ def _dout(dout: Any, c: Call, n: Call) -> np.ndarray:
     return _numpy(dout).astype(n.q.dtype, copy=False)
 
 
-def _forward(c: Call) -> tuple[list[Step], Any]:
+def _forward(c: Call, default_scale: bool) -> tuple[list[Step], Any]:
     """The forward steps and the score mod's derivative ``ds'/ds`` (None when there is none or it is 1)."""
     xp, d = namespace(q=c.q), c.dims
     steps = [Step("Q", "Q", c.q, "queries: one row per query position (..., Nq, Dk)"),
@@ -219,7 +219,7 @@ def _forward(c: Call) -> tuple[list[Step], Any]:
     s = ungroup(xp, group_q(xp, c.q, d) @ group_kv(xp, c.k, d).mT, d)
     steps.append(Step("S", "S = Q Kᵀ", s, "dot product of every query with every key"))
     s = s * c.scale
-    why = f"the default 1/√Dk with Dk = {d.dk}" if c.scale == _default_scale(d.dk) else "as given"
+    why = f"the default 1/√Dk with Dk = {d.dk}" if default_scale else "as given"
     steps.append(Step("S_scaled", f"S · scale (scale = {c.scale:.4f})", s, f"scale is {why}"))
     mod_grad = None
     if c.score_mod is not None:
@@ -283,10 +283,6 @@ def _summed(full: tuple[int, ...], shape: tuple[int, ...]) -> str:
     if tuple(full) == tuple(shape):
         return ""
     return f"summed from {tuple(full)} over the heads / batch axes this input is shared by"
-
-
-def _default_scale(dk: int) -> float:
-    return 1.0 / math.sqrt(dk) if dk > 0 else 1.0
 
 
 def _entropy(a: np.ndarray) -> np.ndarray:

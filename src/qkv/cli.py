@@ -89,7 +89,7 @@ def explain(
         if html is not None:
             html.write_text(trace.to_html(), encoding="utf-8")
         if json_out:
-            typer.echo(json.dumps(trace.to_dict(), indent=2, ensure_ascii=False))
+            typer.echo(json.dumps(trace.to_dict(), indent=2))  # ASCII: safe on any terminal
         else:
             Console(soft_wrap=True, highlight=False, markup=False, emoji=False).print(str(trace), end="")
 
