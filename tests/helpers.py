@@ -4,6 +4,7 @@ qkv is imported lazily (inside functions) so that ``oracle`` and this module sta
 without the package; torch is optional.
 """
 
+import contextlib
 import dataclasses
 import importlib.util
 from collections.abc import Callable
@@ -111,10 +112,12 @@ class Runner:
 
     impl: str
     torch: bool
+    tiles: tuple[int, int] | None = None  # flash tile sizes (block_q, block_k) forced for the call
 
     @property
     def id(self):
-        return self.impl + ("-torch" if self.torch and self.impl != "torch" else "")
+        tiles = f"-tiles{self.tiles[0]}x{self.tiles[1]}" if self.tiles else ""
+        return self.impl + tiles + ("-torch" if self.torch and self.impl != "torch" else "")
 
     def kind(self, x):
         return to_torch(x) if self.torch else x
@@ -125,8 +128,9 @@ class Runner:
         kw = dict(kw)
         if isinstance(kw.get("mask"), np.ndarray):
             kw["mask"] = self.kind(kw["mask"])
-        return qkv.attention(self.kind(q), self.kind(k), self.kind(v), impl=self.impl,
-                             return_weights=want_weights, return_lse=want_lse, **kw)
+        with flash_tiles(self.tiles):
+            return qkv.attention(self.kind(q), self.kind(k), self.kind(v), impl=self.impl,
+                                 return_weights=want_weights, return_lse=want_lse, **kw)
 
     def attention(self, q, k, v, *, weights=True, lse=True, nonadditive=False, **kw):
         """Run qkv.attention and return float64 NumPy (out, weights, lse, raw return value).
@@ -163,10 +167,29 @@ class Runner:
         return Result(to_numpy64(out), to_numpy64(w), to_numpy64(s), raw)
 
 
+@contextlib.contextmanager
+def flash_tiles(tiles):
+    """Force the flash kernel's default tile sizes, so tiny inputs still span many tiles."""
+    if tiles is None:
+        yield
+        return
+    from qkv._impls import flash
+
+    saved = flash.BLOCK_Q, flash.BLOCK_K
+    flash.BLOCK_Q, flash.BLOCK_K = tiles
+    try:
+        yield
+    finally:
+        flash.BLOCK_Q, flash.BLOCK_K = saved
+
+
 RUNNERS = [
     Runner("reference", False),
     Runner("reference", True),
     Runner("torch", True),
+    Runner("flash", False, tiles=(2, 3)),  # odd tiles: many PARTIAL and EMPTY tiles, ragged edges
+    Runner("flash", True, tiles=(3, 2)),
+    Runner("flash", False),
     Runner("auto", False),
     Runner("auto", True),
 ]

@@ -7,7 +7,7 @@ import pytest
 
 import oracle as O
 import qkv
-from helpers import HAS_TORCH, MASK_CASES, SCORE_CASES, assert_close, documented_refusal, make_qkv
+from helpers import HAS_TORCH, MASK_CASES, SCORE_CASES, assert_close, documented_refusal, flash_tiles, make_qkv
 
 FD_TOL = 1e-7  # central differences with eps=1e-6 on O(1) values
 
@@ -22,7 +22,8 @@ def fd_and_backward(rng, q_shape, k_shape, v_shape=None, *, impl="reference", al
     fd = O.numerical_gradients(lambda a, b, c: O.attention_oracle(a, b, c, **kw)[0], (q, k, v), dout)
     if bias is not None:
         qkv_kw["mask"] = bias
-    got = qkv.attention_backward(dout, q, k, v, out, lse, scale=scale, impl=impl, **qkv_kw)
+    with flash_tiles((2, 3) if impl == "flash" else None):  # tiny tiles: the tile loops really run
+        got = qkv.attention_backward(dout, q, k, v, out, lse, scale=scale, impl=impl, **qkv_kw)
     return fd, got, (q, k, v)
 
 
@@ -33,7 +34,7 @@ def check_grads(fd, got, arrays):
         assert_close(g, want, tol=FD_TOL, name=name)
 
 
-@pytest.mark.parametrize("impl", ["reference", "auto"])
+@pytest.mark.parametrize("impl", ["reference", "flash", "auto"])
 @pytest.mark.parametrize("case", [c.param() for c in MASK_CASES])
 def test_backward_matches_finite_differences_for_every_mask(case, impl, rng):
     mask = case.build(qkv.masks)
@@ -43,7 +44,7 @@ def test_backward_matches_finite_differences_for_every_mask(case, impl, rng):
     check_grads(fd, got, arrays)
 
 
-@pytest.mark.parametrize("impl", ["reference", "auto"])
+@pytest.mark.parametrize("impl", ["reference", "flash", "auto"])
 @pytest.mark.parametrize("case", [c.param() for c in SCORE_CASES])
 def test_backward_matches_finite_differences_for_every_score_mod(case, impl, rng):
     fd, got, arrays = fd_and_backward(rng, (1, case.h, 4, 3), (1, case.hkv, 6, 3), impl=impl,
@@ -70,11 +71,12 @@ SHAPES = [
 ]
 
 
+@pytest.mark.parametrize("impl", ["reference", "flash"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("q_shape,k_shape,v_shape", SHAPES)
-def test_backward_matches_finite_differences_on_awkward_shapes(q_shape, k_shape, v_shape, causal, rng):
+def test_backward_matches_finite_differences_on_awkward_shapes(q_shape, k_shape, v_shape, causal, impl, rng):
     allowed = O.causal_allowed(q_shape[-2], k_shape[-2]) if causal else None
-    fd, got, arrays = fd_and_backward(rng, q_shape, k_shape, v_shape, allowed=allowed, causal=causal)
+    fd, got, arrays = fd_and_backward(rng, q_shape, k_shape, v_shape, impl=impl, allowed=allowed, causal=causal)
     check_grads(fd, got, arrays)
 
 
@@ -145,7 +147,7 @@ def torch_reference(q, k, v, allowed, scale, score_fn):
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
-@pytest.mark.parametrize("impl", ["reference", "torch", "auto"])
+@pytest.mark.parametrize("impl", ["reference", "torch", "flash", "auto"])
 @pytest.mark.parametrize("q_shape,kv_shape,mask_id,score_id", torch_cases)
 def test_torch_autograd_through_attention(q_shape, kv_shape, mask_id, score_id, impl, rng):
     import torch
@@ -165,13 +167,14 @@ def test_torch_autograd_through_attention(q_shape, kv_shape, mask_id, score_id, 
             kw["scale"] = scale = case.scale
     tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
     try:
-        out = qkv.attention(tq, tk, tv, impl=impl, **kw)
+        with flash_tiles((3, 2) if impl == "flash" else None):
+            out = qkv.attention(tq, tk, tv, impl=impl, **kw)
+            dout = rng.standard_normal(out.shape)
+            (out * torch.from_numpy(dout)).sum().backward()  # flash's backward runs under the same tiles
     except ValueError as e:
         if impl == "torch" and nonadditive and documented_refusal(e):
             pytest.skip("impl='torch' refuses non-additive score mods (documented)")
         raise
-    dout = rng.standard_normal(out.shape)
-    (out * torch.from_numpy(dout)).sum().backward()
     grads = [t.grad.numpy() for t in (tq, tk, tv)]
     for g in grads:
         assert np.isfinite(g).all()

@@ -209,7 +209,7 @@ def test_half_precision_bound_rejects_float16_accumulation(rng):
 
 
 @needs_torch
-@pytest.mark.parametrize("impl_name", ["reference", "torch", "auto"])
+@pytest.mark.parametrize("impl_name", ["reference", "torch", "flash", "auto"])
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
 def test_half_precision_torch_accumulates_in_float32(dtype_name, impl_name, rng):
     import torch
