@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 import oracle as O
-from helpers import HAS_TORCH, assert_close, flash_tiles, make_qkv
-
 import qkv
+from helpers import HAS_TORCH, assert_close, flash_tiles, make_qkv
 from qkv import masks
 from qkv._core import _call
 from qkv._impls import auto, flash
