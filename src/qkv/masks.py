@@ -18,147 +18,19 @@ arrays of shape ``(B, 1, Nq, Nk)``: they follow the ``(B, H, Nq, Nk)`` layout.
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from ._backend import is_bool, to_numpy
+from ._mask import EMPTY as EMPTY
+from ._mask import FULL as FULL
+from ._mask import PARTIAL as PARTIAL
+from ._mask import Mask as Mask
+from ._mask import _from_counts
+from ._mask import picture as picture
 from .errors import MaskError
-
-EMPTY, PARTIAL, FULL = 0, 1, 2
-
-Allowed = Callable[[np.ndarray, np.ndarray, int, int], np.ndarray]
-"""``(i, j, nq, nk) -> bool array`` broadcast over the index grids ``i`` and ``j``."""
-
-Tiles = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int], np.ndarray]
-"""``(q0, q1, k0, k1, nq, nk) -> int array``: the class of each tile ``[q0, q1) x [k0, k1)``;
-``q0, q1`` have shape ``(nbq, 1)``, ``k0, k1`` shape ``(1, nbk)``."""
-
-
-@dataclass(frozen=True, eq=False)
-class Mask:
-    """'Query ``i`` may attend key ``j``', evaluated on index grids; see the module docstring.
-
-    ``tiles`` classifies tiles analytically where the structure allows it; without it,
-    ``blocks()`` evaluates the predicate one row of tiles at a time (exact, O(block_q · Nk) memory).
-    """
-
-    allowed: Allowed
-    name: str
-    tiles: Tiles | None = None
-    size: tuple[int, int] | None = None  # (Nq, Nk) for masks built for one size (from_dense, document)
-
-    def dense(self, nq: int, nk: int) -> np.ndarray:
-        """The boolean matrix, NumPy ``(..., nq, nk)`` (leading axes only for batch-dependent masks)."""
-        return self.tile(0, nq, 0, nk, nq, nk)
-
-    def tile(self, q0: int, q1: int, k0: int, k1: int, nq: int, nk: int) -> np.ndarray:
-        """Rows ``[q0, q1)`` and columns ``[k0, k1)`` of ``dense(nq, nk)``, computed alone."""
-        i = np.arange(q0, q1)[:, None]
-        j = np.arange(k0, k1)[None, :]
-        a = np.asarray(self.allowed(i, j, nq, nk), dtype=bool)
-        return np.broadcast_to(a, np.broadcast_shapes(a.shape, (q1 - q0, k1 - k0)))
-
-    def blocks(self, nq: int, nk: int, block_q: int, block_k: int) -> np.ndarray:
-        """Classify each ``block_q x block_k`` tile as EMPTY (0), PARTIAL (1) or FULL (2).
-
-        Returns int8 ``(..., ceil(nq / block_q), ceil(nk / block_k))``; the last tiles of a row
-        or column may be smaller. EMPTY and FULL are exact; PARTIAL may be conservative for
-        masks combined with ``&`` / ``|`` (a PARTIAL tile is still computed correctly).
-        """
-        if block_q < 1 or block_k < 1:
-            raise MaskError(f"block sizes must be positive, got block_q={block_q}, block_k={block_k}")
-        q0 = np.arange(0, nq, block_q)[:, None]
-        k0 = np.arange(0, nk, block_k)[None, :]
-        q1, k1 = np.minimum(q0 + block_q, nq), np.minimum(k0 + block_k, nk)
-        c = self._classify(q0, q1, k0, k1, nq, nk).astype(np.int8)
-        return np.broadcast_to(c, np.broadcast_shapes(c.shape, (q0.size, k0.size))).copy()
-
-    def _classify(self, q0: np.ndarray, q1: np.ndarray, k0: np.ndarray, k1: np.ndarray, nq: int, nk: int):
-        if self.tiles is not None:
-            return np.asarray(self.tiles(q0, q1, k0, k1, nq, nk))
-        return _classify_by_evaluation(self, q0[:, 0], k0[0], nq, nk)
-
-    def __and__(self, other: "Mask") -> "Mask":
-        a, b = self, _as_mask(other, "&")
-        return Mask(
-            lambda i, j, nq, nk: a.allowed(i, j, nq, nk) & b.allowed(i, j, nq, nk),
-            f"({a.name} & {b.name})",
-            lambda *t: _and_classes(a._classify(*t), b._classify(*t)),
-            a.size or b.size,
-        )
-
-    def __or__(self, other: "Mask") -> "Mask":
-        a, b = self, _as_mask(other, "|")
-        return Mask(
-            lambda i, j, nq, nk: a.allowed(i, j, nq, nk) | b.allowed(i, j, nq, nk),
-            f"({a.name} | {b.name})",
-            lambda *t: _or_classes(a._classify(*t), b._classify(*t)),
-            a.size or b.size,
-        )
-
-    def __invert__(self) -> "Mask":
-        a = self
-        return Mask(
-            lambda i, j, nq, nk: ~np.asarray(a.allowed(i, j, nq, nk), dtype=bool),
-            f"~{a.name}",
-            lambda *t: FULL - a._classify(*t),  # FULL <-> EMPTY, PARTIAL stays
-            a.size,
-        )
-
-    def __repr__(self) -> str:
-        return f"Mask {self.name}\n{picture(self)}"
-
-
-def picture(mask: Mask, nq: int | None = None, nk: int | None = None, crop: int = 16) -> str:
-    """A text picture of ``mask`` (first batch element): ``█`` may attend, ``·`` not.
-
-    Drawn at ``nq x nk`` (default: the mask's own size, else 8 x 8), cropped to the top-left
-    ``crop x crop`` corner.
-    """
-    nq, nk = (nq, nk) if nq is not None and nk is not None else (mask.size or (8, 8))
-    d = mask.dense(nq, nk)
-    d = d[(0,) * (d.ndim - 2)][:crop, :crop]
-    rows = "\n".join(" ".join("█" if x else "·" for x in row) for row in d)
-    return rows if max(nq, nk) <= crop else f"{rows}\n(top-left {d.shape[0]}x{d.shape[1]} of {nq}x{nk})"
-
-
-def _as_mask(m: Any, op: str) -> Mask:
-    if not isinstance(m, Mask):
-        raise MaskError(f"cannot combine a Mask with {type(m).__name__} using {op}; wrap arrays in from_dense()")
-    return m
-
-
-def _and_classes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.where((a == EMPTY) | (b == EMPTY), EMPTY, np.where((a == FULL) & (b == FULL), FULL, PARTIAL))
-
-
-def _or_classes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.where((a == FULL) | (b == FULL), FULL, np.where((a == EMPTY) & (b == EMPTY), EMPTY, PARTIAL))
-
-
-def _from_counts(count: np.ndarray, size: np.ndarray) -> np.ndarray:
-    """Tile class from how many of a tile's ``size`` cells are allowed."""
-    return np.where(count == 0, EMPTY, np.where(count == size, FULL, PARTIAL))
-
-
-def _classify_by_evaluation(mask: Mask, q0: np.ndarray, k0: np.ndarray, nq: int, nk: int) -> np.ndarray:
-    """Exact tile classes by evaluating the predicate a few rows of tiles at a time."""
-    block_q = int(q0[1] - q0[0]) if q0.size > 1 else nq
-    rows_per_chunk = max(1, (1 << 22) // max(1, block_q * nk))  # ~4 M cells per evaluation
-    out = []
-    for c in range(0, q0.size, rows_per_chunk):
-        r0, r1 = int(q0[c]), min(nq, int(q0[c]) + rows_per_chunk * block_q)
-        a = mask.tile(r0, r1, 0, nk, nq, nk)
-        rows = q0[c : c + rows_per_chunk] - r0
-        anyk = np.logical_or.reduceat(a, k0, axis=-1)
-        allk = np.logical_and.reduceat(a, k0, axis=-1)
-        anyt = np.logical_or.reduceat(anyk, rows, axis=-2)
-        allt = np.logical_and.reduceat(allk, rows, axis=-2)
-        out.append(np.where(allt, FULL, np.where(anyt, PARTIAL, EMPTY)))
-    return np.concatenate(out, axis=-2)
 
 
 def _offset(nq: int, nk: int) -> int:
