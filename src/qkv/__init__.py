@@ -13,12 +13,13 @@ from ._core import attention as attention
 from ._core import attention_backward as attention_backward
 from ._explain import Trace as Trace
 from ._explain import explain as explain
+from ._hopfield import hopfield as hopfield
 from ._softmax import logsumexp as logsumexp
 from ._softmax import softmax as softmax
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Trace", "attention", "attention_backward", "errors", "explain", "logsumexp", "masks", "positional",
+    "Trace", "attention", "attention_backward", "errors", "explain", "hopfield", "logsumexp", "masks", "positional",
     "scores", "softmax",
 ]

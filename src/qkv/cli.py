@@ -94,6 +94,16 @@ def explain(
             Console(soft_wrap=True, highlight=False, markup=False, emoji=False).print(str(trace), end="")
 
 
+def _register_later_commands() -> None:
+    """Subcommands whose modules sit beside the core (imported here, not at ``import qkv``)."""
+    from ._train_cli import train_command
+
+    app.command("train")(train_command)
+
+
+_register_later_commands()
+
+
 def main() -> None:
     """Entry point of the ``qkv`` script and ``python -m qkv``."""
     app(prog_name="qkv")

@@ -1,8 +1,21 @@
-"""Positional information: ALiBi slopes (sinusoidal tables and RoPE arrive with the building blocks)."""
+"""Positional information: sinusoidal tables, rotary embeddings (RoPE) and ALiBi slopes.
+
+- ``sinusoidal(n, d)``: the Transformer's fixed table (Vaswani et al., arXiv:1706.03762);
+- ``rope(x, positions)``: rotary embeddings in the rotate-half layout (RoFormer,
+  arXiv:2104.09864, as in GPT-NeoX and Llama), with explicit positions for cached decoding;
+- ``alibi_slopes(n_heads)``: the per-head slopes of ALiBi (Press et al., arXiv:2108.12409),
+  used by ``qkv.scores.alibi``.
+
+NumPy in, NumPy out; ``rope`` also takes torch tensors (torch is never imported here).
+"""
 
 import math
+from typing import Any
 
 import numpy as np
+
+from ._backend import as_array, compute_dtype, from_numpy, is_torch, namespace, to_numpy
+from ._typing import Array
 
 
 def alibi_slopes(n_heads: int) -> np.ndarray:
@@ -28,3 +41,107 @@ def alibi_slopes(n_heads: int) -> np.ndarray:
     if m == n:
         return power_of_two(n)
     return np.concatenate([power_of_two(m), power_of_two(2 * m)[0::2][: n - m]])
+
+
+def _positive(value: Any, name: str) -> float:
+    from .errors import ArgumentError
+
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ArgumentError(f"{name} must be a positive finite number, got {value!r}") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise ArgumentError(f"{name} must be a positive finite number, got {value!r}")
+    return v
+
+
+def _count(value: Any, name: str, minimum: int) -> int:
+    from .errors import ArgumentError
+
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ArgumentError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def sinusoidal(n: int, d: int, base: float = 10000.0) -> np.ndarray:
+    """The sinusoidal position table of the Transformer (Vaswani et al., arXiv:1706.03762, §3.5).
+
+    Float64 ``(n, d)`` with ``PE[pos, 2i] = sin(pos / base^(2i/d))`` and
+    ``PE[pos, 2i+1] = cos(pos / base^(2i/d))``; an odd ``d`` ends with a sine column.
+
+    >>> sinusoidal(2, 4)[1].round(4)
+    array([0.8415, 0.5403, 0.01  , 1.    ])
+    """
+    n, d = _count(n, "n", 0), _count(d, "d", 1)
+    base = _positive(base, "base")
+    pos = np.arange(n, dtype=np.float64)[:, None]
+    two_i = np.arange(0, d, 2, dtype=np.float64)  # 2i for every sine column
+    angle = pos / base ** (two_i / d)  # (n, ceil(d / 2))
+    pe = np.empty((n, d), dtype=np.float64)
+    pe[:, 0::2] = np.sin(angle)
+    pe[:, 1::2] = np.cos(angle[:, : d // 2])
+    return pe
+
+
+def _positions(positions: Any, lead: tuple[int, ...], x_shape: tuple[int, ...]) -> np.ndarray:
+    """Positions as float64 NumPy, checked to broadcast onto ``x.shape[:-1] = lead``."""
+    from .errors import ArgumentError, ShapeError
+
+    if positions is None:
+        return np.arange(lead[-1], dtype=np.float64)
+    p = to_numpy(positions) if is_torch(positions) else np.asarray(positions)
+    if not (np.issubdtype(p.dtype, np.integer) or np.issubdtype(p.dtype, np.floating)):
+        raise ArgumentError(f"rope positions must be numbers (integers), got dtype {p.dtype}")
+    p = p.astype(np.float64)
+    if not np.isfinite(p).all():
+        raise ArgumentError("rope positions must be finite")
+    try:
+        fits = np.broadcast_shapes(p.shape, lead) == lead
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ShapeError(
+            f"rope positions have shape {p.shape}, which does not broadcast to x's leading axes (..., N) = {lead}; "
+            f"pass (N,) = ({lead[-1]},) or a shape like (B, 1, N) (x: {x_shape})"
+        )
+    return p
+
+
+def rope(x: Array, positions: Any = None, base: float = 10000.0) -> Array:
+    """Rotary position embedding (RoFormer, Su et al., arXiv:2104.09864), rotate-half convention.
+
+    ``x (..., N, D)`` with ``D`` even; feature ``c < D/2`` is paired with ``c + D/2`` (the
+    GPT-NeoX / Llama layout) and the pair is rotated by the angle ``pos · base^(-2c/D)``:
+
+        out = x · cos(θ) + rotate_half(x) · sin(θ),   rotate_half(x) = (-x[D/2:], x[:D/2])
+
+    ``positions``: ``(N,)`` or anything broadcasting to ``x.shape[:-1]`` (e.g. ``(B, 1, N)``),
+    default ``arange(N)``; a decoder with a KV cache passes ``cache_length + arange(N)``.
+    Because the rotations compose, ``rope(q, m) · rope(k, n)`` depends only on ``m - n``.
+    Angles are computed in float64; the result has ``x``'s kind and dtype (half precision is
+    rotated in float32) and is differentiable under torch autograd.
+    """
+    from .errors import ShapeError
+
+    x = as_array(x, "x")
+    if x.ndim < 2:
+        raise ShapeError(f"rope needs x of shape (..., N, D), got {x.ndim} axis (x: {tuple(x.shape)})")
+    d = x.shape[-1]
+    if d % 2:
+        raise ShapeError(
+            f"rope pairs features c and c + D/2, so x needs an even D on its last axis, got D={d} "
+            f"(x: {tuple(x.shape)})"
+        )
+    base = _positive(base, "base")
+    p = _positions(positions, tuple(x.shape[:-1]), tuple(x.shape))
+    inv_freq = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)  # (D/2,)
+    angle = p[..., None] * inv_freq  # (..., N, D/2)
+    xp = namespace(x=x)
+    ct = compute_dtype(xp, x)
+    cos = from_numpy(np.cos(np.concatenate([angle, angle], axis=-1)), x, ct)
+    sin = from_numpy(np.sin(np.concatenate([angle, angle], axis=-1)), x, ct)
+    xc = x if x.dtype == ct else xp.astype(x, ct)
+    half = d // 2
+    rotated = xp.concat([-xc[..., half:], xc[..., :half]], axis=-1)
+    out = xc * cos + rotated * sin
+    return out if out.dtype == x.dtype else xp.astype(out, x.dtype)

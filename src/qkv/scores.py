@@ -7,8 +7,8 @@ scores, knowing each entry's query row ``i`` and key column ``j``; it also retur
 ALiBi bias, then caps. Positions are aligned bottom-right like the masks: query row ``i``
 sits at ``p = i + (Nk - Nq)``.
 
-Scoring functions beyond the dot product (``general``, ``additive``) arrive with the
-building blocks.
+Scoring functions beyond the dot product live in ``_scoring`` and are re-exported here:
+``general`` (Luong) and ``additive`` (Bahdanau), with their analytic backward passes.
 """
 
 import math
@@ -186,3 +186,8 @@ def temperature(t: float) -> ScoreMod:
         return s / t, 1.0 / t
 
     return ScoreMod(fn, f"temperature({t:g})")
+
+from ._scoring import additive as additive  # noqa: E402
+from ._scoring import additive_backward as additive_backward  # noqa: E402
+from ._scoring import general as general  # noqa: E402
+from ._scoring import general_backward as general_backward  # noqa: E402
