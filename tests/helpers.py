@@ -175,12 +175,13 @@ def flash_tiles(tiles):
         return
     from qkv._impls import flash
 
-    saved = flash.BLOCK_Q, flash.BLOCK_K
+    saved = flash.BLOCK_Q, flash.BLOCK_K, flash.CANDIDATES
     flash.BLOCK_Q, flash.BLOCK_K = tiles
+    flash.CANDIDATES = (tiles,)  # no mask-dependent choice: exactly these tiles
     try:
         yield
     finally:
-        flash.BLOCK_Q, flash.BLOCK_K = saved
+        flash.BLOCK_Q, flash.BLOCK_K, flash.CANDIDATES = saved
 
 
 RUNNERS = [

@@ -135,3 +135,17 @@ def test_auto_on_torch_follows_the_decision_table():
     assert _chosen(*small, mask=masks.sliding_window(4)) == "torch"  # tiny: no tiling
     assert _chosen(*small, lse=True) == "reference"
     assert _chosen(*big, score_mod=qkv.scores.softcap(5.0)) == "flash"
+
+
+def test_tile_choice_follows_narrow_masks_and_keeps_large_tiles_for_dense_work():
+    z = np.zeros((1, 8, 8192, 64), np.float32)
+
+    def tiles(mask):
+        return flash.choose_tiles(_call(z, z, z, mask, False, None, None))
+
+    assert tiles(None) == (flash.BLOCK_Q, flash.BLOCK_K)
+    assert tiles(masks.causal()) == (flash.BLOCK_Q, flash.BLOCK_K)
+    narrow = tiles(masks.sliding_window(256))
+    assert narrow[0] * narrow[1] < flash.BLOCK_Q * flash.BLOCK_K
+    kept = [(masks.sliding_window(256).blocks(8192, 8192, *t) != masks.EMPTY) for t in (narrow, tiles(None))]
+    assert kept[0].sum() * narrow[0] * narrow[1] < kept[1].sum() * flash.BLOCK_Q * flash.BLOCK_K

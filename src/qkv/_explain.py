@@ -22,7 +22,7 @@ import numpy as np
 from ._backend import HALF, as_array, dtype_name, is_torch, namespace, to_numpy, unbroadcast
 from ._core import _call
 from ._impls._call import Call
-from ._impls.reference import group_kv, group_q, ungroup
+from ._impls.reference import group_q, ungroup
 from ._softmax import softmax_lse
 from .errors import ArgumentError, ShapeError
 
@@ -216,7 +216,7 @@ def _forward(c: Call, default_scale: bool) -> tuple[list[Step], Any]:
     steps = [Step("Q", "Q", c.q, "queries: one row per query position (..., Nq, Dk)"),
              Step("K", "K", c.k, "keys: one row per key position (..., Nk, Dk)"),
              Step("V", "V", c.v, "values: one row per key position (..., Nk, Dv)")]
-    s = ungroup(xp, group_q(xp, c.q, d) @ group_kv(xp, c.k, d).mT, d)
+    s = ungroup(xp, group_q(xp, c.q, d) @ c.k.mT, d)
     steps.append(Step("S", "S = Q Kᵀ", s, "dot product of every query with every key"))
     s = s * c.scale
     why = f"the default 1/√Dk with Dk = {d.dk}" if default_scale else "as given"
@@ -241,7 +241,7 @@ def _forward(c: Call, default_scale: bool) -> tuple[list[Step], Any]:
     steps.append(Step("row_sum", "Σⱼ A", np.sum(a, axis=-1), "1 for every row; 0 for a row with nothing to attend"))
     steps.append(Step("entropy", "H = −Σⱼ A log A", _entropy(a),
                       f"nats per row: 0 = one key, log Nk = {math.log(max(d.nk, 1)):.4f} = uniform"))
-    o = ungroup(xp, group_q(xp, a, d) @ group_kv(xp, c.v, d), d)
+    o = ungroup(xp, group_q(xp, a, d) @ c.v, d)
     steps.append(Step("O", "O = A V", o, "each output row is the A-weighted average of the value rows"))
     steps.append(Step("lse", "lse = log Σⱼ exp S", lse, "kept for the backward pass; −∞ for an empty row"))
     return steps, mod_grad
@@ -253,7 +253,7 @@ def _backward(c: Call, do: np.ndarray, forward: list[Step], mod_grad: Any) -> li
     a, o = (next(s.value for s in forward if s.name == n) for n in ("A", "O"))
     ag, dog = group_q(xp, a, d), group_q(xp, do, d)
     dv = _reduce(xp, ag.mT @ dog, c.v, d)
-    da = ungroup(xp, dog @ group_kv(xp, c.v, d).mT, d)
+    da = ungroup(xp, dog @ c.v.mT, d)
     big_d = np.sum(do * o, axis=-1)
     ds = a * (da - big_d[..., None])
     steps = [Step("dO", "dO", do, "the upstream gradient ∂L/∂O (ones unless dout is given)"),
@@ -265,7 +265,7 @@ def _backward(c: Call, do: np.ndarray, forward: list[Step], mod_grad: Any) -> li
         ds = ds * mod_grad
         steps.append(Step("dS_mod", "dS ∘ ∂score_mod/∂S", ds, "chain rule through the score mod"))
     dsg = group_q(xp, ds, d)
-    dq = unbroadcast(xp, ungroup(xp, dsg @ group_kv(xp, c.k, d), d) * c.scale, tuple(c.q.shape))
+    dq = unbroadcast(xp, ungroup(xp, dsg @ c.k, d) * c.scale, tuple(c.q.shape))
     dk = _reduce(xp, (dsg.mT @ group_q(xp, c.q, d)) * c.scale, c.k, d)
     steps += [Step("dQ", "dQ = dS K · scale", dq, _summed(a.shape[:-1] + (d.dk,), c.q.shape)),
               Step("dK", "dK = dSᵀ Q · scale", dk, _summed(a.shape[:-2] + (d.nk, d.dk), c.k.shape))]
@@ -273,9 +273,7 @@ def _backward(c: Call, do: np.ndarray, forward: list[Step], mod_grad: Any) -> li
 
 
 def _reduce(xp: Any, g: np.ndarray, x: np.ndarray, d: Any) -> np.ndarray:
-    """Sum a kv gradient over each kv head's query heads (GQA) and over broadcast axes."""
-    if d.grouped:  # (*B, Hkv, H/Hkv, Nk, D)
-        g = np.sum(g, axis=-3)
+    """Sum a kv gradient over broadcast axes (GQA groups are already summed by the grouped matmul)."""
     return unbroadcast(xp, g, tuple(x.shape))
 
 

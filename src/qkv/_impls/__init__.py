@@ -45,7 +45,7 @@ SMALL = 256 * 256
 def _kept_fraction(c: Call) -> float:
     if c.mask is None:
         return 1.0
-    classes = flash.tile_classes(c, *flash.tile_sizes(c.dims.nq, c.dims.nk))
+    classes = flash.tile_classes(c, *flash.choose_tiles(c))
     return float((classes != 0).mean())
 
 

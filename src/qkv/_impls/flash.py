@@ -9,18 +9,20 @@ evaluate it on the tile only. The backward pass recomputes each tile's weights f
 saved ``lse`` (``A = exp(S - lse)``) and skips the same tiles.
 
 All batch and head axes go through each tile's matmul at once, so the Python loop runs over
-tiles only; grouped heads view ``q`` as ``(*B, Hkv, H/Hkv, N, D)`` (no K/V copies).
+tiles only; grouped heads stack each kv head's query heads along the rows
+(``(*B, Hkv, H/Hkv · bq, D)``), so K and V are never copied.
 """
 
+import math
 from typing import Any
 
 import numpy as np
 
 from .. import masks
-from .._backend import add_, compute_dtype, exp_sub_, from_numpy, namespace
+from .._backend import add_, compute_dtype, device, exp_sub_, from_numpy, namespace
 from .._typing import Array, Result
 from ._call import Call
-from .reference import group_kv, group_q, ungroup
+from .reference import cast, group_q, ungroup
 
 BLOCK_Q = 256
 BLOCK_K = 512
@@ -38,6 +40,38 @@ def tile_sizes(nq: int, nk: int, block_q: int | None = None, block_k: int | None
     if block_k is not None:
         return bq, max(1, min(block_k, nk))
     return bq, max(1, min(nk, max(BLOCK_K, (BLOCK_Q * BLOCK_K) // bq)))
+
+
+CANDIDATES = ((BLOCK_Q, BLOCK_K), (128, 256), (128, 128))
+PARTIAL_COST = 1.7  # a PARTIAL tile costs ~1.7x a FULL one per entry (mask tile built and added; BENCHMARKS.md)
+TILE_OVERHEAD = 43_000  # per-tile Python and dispatch cost, in entry-heads (~90 us at ~2 ns per entry-head)
+
+
+def choose_tiles(c: Call, block_q: int | None = None, block_k: int | None = None) -> tuple[int, int]:
+    """Tile sizes for ``c``: given ones, else the candidate with the lowest modelled cost.
+
+    Dense calls keep the large default tiles; a narrow band (sliding window, causal documents)
+    is followed more closely by small tiles, which keep fewer hidden entries (BENCHMARKS.md:
+    128 x 128 is ~1.8x faster than 256 x 512 on a 256-wide window). Only masks whose tiles
+    are classified analytically are modelled, so choosing costs no mask evaluation.
+    """
+    d = c.dims
+    if block_q is not None or block_k is not None or c.mask is None or c.mask.tiles is None:
+        return tile_sizes(d.nq, d.nk, block_q, block_k)
+    heads = math.prod(d.score_shape[:-2])
+    best: tuple[float, tuple[int, int]] | None = None
+    for bq, bk in CANDIDATES:
+        sizes = tile_sizes(d.nq, d.nk, bq, bk)
+        classes = tile_classes(c, *sizes)
+        q_len = np.diff(np.minimum(np.arange(classes.shape[0] + 1) * sizes[0], d.nq))[:, None]
+        k_len = np.diff(np.minimum(np.arange(classes.shape[1] + 1) * sizes[1], d.nk))[None, :]
+        area = q_len * k_len * np.where(classes == masks.PARTIAL, PARTIAL_COST, 1.0)
+        kept = classes != masks.EMPTY
+        cost = heads * float(area[kept].sum()) + TILE_OVERHEAD * int(kept.sum())
+        if best is None or cost < best[0]:
+            best = (cost, sizes)
+    assert best is not None
+    return best[1]
 
 
 def supports(c: Call) -> str | None:
@@ -77,13 +111,13 @@ class _Tiles:
 
     def __init__(self, xp: Any, c: Call, q: Array, k: Array, ct: Any):
         self.xp, self.c, self.ct = xp, c, ct
-        self.qg, self.kg = group_q(xp, q, c.dims), group_kv(xp, k, c.dims)
+        self.q, self.kg = q, k
         self.q_block: tuple[int, Array] | None = None
 
     def _scaled_q(self, q0: int, q1: int) -> Array:
         """``q[q0:q1] · scale`` in the compute dtype, kept while the row of tiles lasts."""
         if self.q_block is None or self.q_block[0] != q0:
-            qb = self.qg[..., q0:q1, :]
+            qb = group_q(self.xp, self.q[..., q0:q1, :], self.c.dims)
             qb = (qb if qb.dtype == self.ct else self.xp.astype(qb, self.ct)) * self.c.scale
             self.q_block = (q0, qb)
         return self.q_block[1]
@@ -114,14 +148,15 @@ def _blocks(n: int, size: int) -> list[tuple[int, int]]:
 def forward(c: Call, block_q: int | None = None, block_k: int | None = None) -> Result:
     xp = namespace(q=c.q, k=c.k, v=c.v)
     d = c.dims
-    block_q, block_k = tile_sizes(d.nq, d.nk, block_q, block_k)
+    block_q, block_k = choose_tiles(c, block_q, block_k)
     ct = compute_dtype(xp, c.q)
     tiles = _Tiles(xp, c, c.q, c.k, ct)
-    vg = group_kv(xp, c.v, d)
+    vg = c.v
     classes = tile_classes(c, block_q, block_k)
     kblocks = _blocks(d.nk, block_k)
     lead = d.score_shape[:-2]
-    outs, lses = [], []
+    out = xp.empty((*lead, d.nq, d.dv), dtype=c.q.dtype, device=device(c.q))
+    lse = xp.empty((*lead, d.nq), dtype=ct, device=device(c.q))
     for bi, (q0, q1) in enumerate(_blocks(d.nq, block_q)):
         m = xp.full((*lead, q1 - q0, 1), -float("inf"), dtype=ct)
         l = xp.zeros((*lead, q1 - q0, 1), dtype=ct)
@@ -142,10 +177,8 @@ def forward(c: Call, block_q: int | None = None, block_k: int | None = None) -> 
         nonempty = l > 0
         safe_l = xp.where(nonempty, l, xp.ones_like(l))
         m_safe = xp.where(xp.isfinite(m), m, xp.zeros_like(m))
-        outs.append(acc / safe_l)
-        lses.append(xp.where(nonempty, xp.log(safe_l) + m_safe, xp.full_like(l, -float("inf"))))
-    out = xp.astype(xp.concat(outs, axis=-2), c.q.dtype)
-    lse = xp.concat(lses, axis=-2)[..., 0]
+        out[..., q0:q1, :] = cast(xp, acc / safe_l, c.q.dtype)  # written in place: no list to concatenate
+        lse[..., q0:q1] = xp.where(nonempty, xp.log(safe_l) + m_safe, xp.full_like(l, -float("inf")))[..., 0]
     weights = _weights(xp, c, lse, tiles, classes, block_q, block_k) if c.want_weights else None
     return Result(out, weights, lse)
 
@@ -182,28 +215,26 @@ def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = 
 
     xp = namespace(dout=dout, q=c.q, k=c.k, v=c.v)
     d = c.dims
-    block_q, block_k = tile_sizes(d.nq, d.nk, block_q, block_k)
+    block_q, block_k = choose_tiles(c, block_q, block_k)
     ct = compute_dtype(xp, c.q)
     tiles = _Tiles(xp, c, c.q, c.k, ct)
     classes = tile_classes(c, block_q, block_k)
-    do = xp.astype(dout, ct)
-    dsum = xp.sum(do * xp.astype(out, ct), axis=-1, keepdims=True)  # D, (*B, H, Nq, 1)
-    if dlse is not None:
-        dsum = dsum - xp.astype(dlse, ct)[..., None]
-    lse = xp.astype(lse, ct)[..., None]
+    lse = cast(xp, lse, ct)[..., None]
     shift = xp.where(xp.isfinite(lse), lse, xp.zeros_like(lse))
-    vg = group_kv(xp, c.v, d)
-    qg = tiles.qg
+    vg = c.v
     lead = d.score_shape[:-2]
-    kv_lead = (*lead[:-1], d.hkv, d.h // d.hkv) if d.grouped else lead  # grouped: (*B, Hkv, H/Hkv)
+    kv_lead = (*lead[:-1], d.hkv) if d.grouped else lead
     dq = xp.zeros((*lead, d.nq, d.dk), dtype=ct)
     dk = xp.zeros((*kv_lead, d.nk, d.dk), dtype=ct)
     dv = xp.zeros((*kv_lead, d.nk, d.dv), dtype=ct)
     kblocks = _blocks(d.nk, block_k)
     for bi, (q0, q1) in enumerate(_blocks(d.nq, block_q)):
-        dob, db, sh = do[..., q0:q1, :], dsum[..., q0:q1, :], shift[..., q0:q1, :]
+        dob, sh = cast(xp, dout[..., q0:q1, :], ct), shift[..., q0:q1, :]
+        db = xp.sum(dob * cast(xp, out[..., q0:q1, :], ct), axis=-1, keepdims=True)  # D = rowsum(dO ∘ O)
+        if dlse is not None:
+            db = db - cast(xp, dlse[..., q0:q1], ct)[..., None]
         dog = group_q(xp, dob, d)
-        qb = qg[..., q0:q1, :]
+        qb = group_q(xp, c.q[..., q0:q1, :], d)
         if qb.dtype != ct:
             qb = xp.astype(qb, ct)
         dq_acc = xp.zeros((*lead, q1 - q0, d.dk), dtype=ct)
@@ -221,9 +252,8 @@ def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = 
             dq_acc = dq_acc + ungroup(xp, group_q(xp, ds, d) @ kb, d)
             dk[..., k0:k1, :] += group_q(xp, ds, d).mT @ qb
         dq[..., q0:q1, :] = dq_acc
-    dq, dk = dq * c.scale, dk * c.scale
-    if d.grouped:
-        dk, dv = xp.sum(dk, axis=-3), xp.sum(dv, axis=-3)
+    dq *= c.scale  # in place: no second N x D buffer
+    dk *= c.scale
     return tuple(
-        xp.astype(unbroadcast(xp, g, tuple(x.shape)), x.dtype) for g, x in ((dq, c.q), (dk, c.k), (dv, c.v))
+        cast(xp, unbroadcast(xp, g, tuple(x.shape)), x.dtype) for g, x in ((dq, c.q), (dk, c.k), (dv, c.v))
     )
