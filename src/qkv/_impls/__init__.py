@@ -6,7 +6,7 @@ Each ``Impl`` says whether it can give the contract's exact semantics for a call
 (``benchmarks/auto.py``):
 
     1. torch tensors, SDPA supports the call, and no mask or the plain causal mask with
-       Nq == Nk (SDPA's own fused kernel, ~1.5-2x the tiled kernel)           -> "torch"
+       Nq == Nk (SDPA's own fused kernel, ~1.4x the tiled kernel)           -> "torch"
     2. fewer than SMALL score entries (Nq · Nk), where tiling only adds overhead:
        "torch" if it supports the call, else                                   -> "reference"
     3. the flash kernel supports the call and its mask hides at least half the

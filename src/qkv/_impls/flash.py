@@ -136,7 +136,7 @@ class _Tiles:
             s = add_(s, xp.astype(_bias_tile(c.bias, q0, q1, k0, k1), self.ct))
         if cls == masks.PARTIAL:
             hidden = ~c.mask.tile(q0, q1, k0, k1, d.nq, d.nk)  # type: ignore[union-attr]
-            # adding a 0 / -inf tile is ~8x faster than where() on the CPU (BENCHMARKS.md)
+            # adding a 0 / -inf tile: 0.07 ms against 0.54 ms for where() on an 8 x 256 x 512 float32 tile
             s = add_(s, from_numpy(np.where(hidden, np.float32(-np.inf), np.float32(0)), s, self.ct))
         return s, grad
 
