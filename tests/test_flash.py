@@ -135,6 +135,8 @@ def test_auto_on_torch_follows_the_decision_table():
     assert _chosen(*small, mask=masks.sliding_window(4)) == "torch"  # tiny: no tiling
     assert _chosen(*small, lse=True) == "reference"
     assert _chosen(*big, score_mod=qkv.scores.softcap(5.0)) == "flash"
+    gqa_decode = [torch.zeros((1, 8, 1, 8)), torch.zeros((1, 2, 4096, 8)), torch.zeros((1, 2, 4096, 8))]
+    assert _chosen(*gqa_decode, causal=True) == "flash"  # SDPA's GQA path copies K and V per query head
 
 
 def test_tile_choice_follows_narrow_masks_and_keeps_large_tiles_for_dense_work():

@@ -5,6 +5,9 @@ Each ``Impl`` says whether it can give the contract's exact semantics for a call
 ``backward``. ``"auto"`` follows this decision table, measured in BENCHMARKS.md
 (``benchmarks/auto.py``):
 
+    0. grouped heads (1 < Hkv < H) with few queries (Nq <= 16, a decode step) and the flash
+       kernel supports the call (SDPA's GQA path copies K and V per query head; flash
+       ran 1.66x SDPA at L = 32k, GQA 8/2)                                     -> "flash"
     1. torch tensors, SDPA supports the call, and no mask or the plain causal mask with
        Nq == Nk (SDPA's own fused kernel, ~1.4x the tiled kernel)           -> "torch"
     2. fewer than SMALL score entries (Nq · Nk), where tiling only adds overhead:
@@ -53,6 +56,8 @@ def auto(c: Call) -> Impl:
     """The fastest exact impl for ``c`` (decision table in the module docstring)."""
     d = c.dims
     sdpa = IMPLS["torch"].supports(c) is None
+    if d.grouped and d.nq <= 16 and IMPLS["flash"].supports(c) is None:
+        return IMPLS["flash"]
     plain = c.mask is None or (c.mask is masks.causal() and d.nq == d.nk)
     if sdpa and plain:
         return IMPLS["torch"]
