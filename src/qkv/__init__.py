@@ -5,6 +5,9 @@
 ``explain`` trace. ``import qkv`` never imports torch.
 """
 
+from . import approx as approx
+from . import complexity as complexity
+from . import diagnostics as diagnostics
 from . import errors as errors
 from . import masks as masks
 from . import positional as positional
@@ -20,6 +23,6 @@ from ._softmax import softmax as softmax
 __version__ = "0.1.0"
 
 __all__ = [
-    "Trace", "attention", "attention_backward", "errors", "explain", "hopfield", "logsumexp", "masks", "positional",
-    "scores", "softmax",
+    "Trace", "approx", "attention", "attention_backward", "complexity", "diagnostics", "errors", "explain", "hopfield",
+    "logsumexp", "masks", "positional", "scores", "softmax",
 ]

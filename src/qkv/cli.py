@@ -96,10 +96,12 @@ def explain(
 
 def _register_later_commands() -> None:
     """Subcommands whose modules sit beside the core (imported here, not at ``import qkv``)."""
+    from ._complexity_cli import complexity_command
     from ._train_cli import train_command
     from .bench.cli import bench_command
 
     app.command("bench")(bench_command)
+    app.command("complexity")(complexity_command)
     app.command("train")(train_command)
 
 
