@@ -229,3 +229,28 @@ def test_import_qkv_does_not_import_typer_rich_or_torch():
     code = "import sys, qkv; qkv.explain(); print(sorted(m for m in ('typer', 'rich', 'torch') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_every_subcommand_of_the_real_qkv_app_has_help():
+    runner = CliRunner()
+    for command in ("explain", "bench", "complexity", "train"):
+        res = runner.invoke(app, [command, "--help"])
+        assert res.exit_code == 0, (command, res.output)
+        assert "Usage" in res.output
+
+
+def test_qkv_complexity_gives_the_classic_4_3_gb_of_weights():
+    res = CliRunner().invoke(app, ["complexity", "--n", "2048", "--batch", "8", "--heads", "32",
+                                   "--impl", "reference", "--json"])
+    assert res.exit_code == 0, res.output
+    row = json.loads(res.stdout)["rows"][0]
+    assert row["score_bytes"] == 8 * 32 * 2048**2 * 4  # 4.29e9 bytes
+
+
+def test_qkv_bench_quick_runs_through_the_real_app():
+    res = CliRunner().invoke(app, ["bench", "--quick", "--workload", "causal", "--n", "256", "--mode", "fwd",
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    ok = [r for r in json.loads(res.stdout) if r["status"] == "ok"]
+    assert {"qkv-flash", "qkv-auto", "sdpa-flash"} <= {r["impl"] for r in ok}
+    assert all(math.isfinite(r["median_s"]) and r["median_s"] > 0 for r in ok)
