@@ -174,6 +174,7 @@ def forward(c: Call, block_q: int | None = None, block_k: int | None = None) -> 
             l = l * alpha + xp.sum(p, axis=-1, keepdims=True)
             acc = acc * alpha + ungroup(xp, group_q(xp, p, d) @ vb, d)
             m = m_new
+            del s, p  # free this tile before the next one is allocated: one score tile alive, not two
         nonempty = l > 0
         safe_l = xp.where(nonempty, l, xp.ones_like(l))
         m_safe = xp.where(xp.isfinite(m), m, xp.zeros_like(m))
@@ -251,6 +252,7 @@ def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = 
                 ds = ds * grad
             dq_acc = dq_acc + ungroup(xp, group_q(xp, ds, d) @ kb, d)
             dk[..., k0:k1, :] += group_q(xp, ds, d).mT @ qb
+            del s, a, ds, grad  # free this tile's arrays before the next tile's
         dq[..., q0:q1, :] = dq_acc
     dq *= c.scale  # in place: no second N x D buffer
     dk *= c.scale
