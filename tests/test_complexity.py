@@ -131,8 +131,11 @@ def test_predicted_peak_memory_is_within_2x_of_the_measured(lib, impl, n, h, mas
     from qkv._complexity_cli import parse_mask
 
     e = estimate(n, heads=h, impl=impl, mask=parse_mask(mask), backward=backward)
-    got = measure({"batch": 1, "heads": h, "kv_heads": h, "n": n, "d": 64, "dtype": "float32", "impl": impl,
-                   "mask": mask, "backward": backward, "lib": lib, "repeats": 0})
+    config = {"batch": 1, "heads": h, "kv_heads": h, "n": n, "d": 64, "dtype": "float32", "impl": impl,
+              "mask": mask, "backward": backward, "lib": lib, "repeats": 0}
+    # RSS can only under-read a peak (the allocator reuses memory it already held), so the peak is
+    # the larger of two fresh-process readings
+    got = max((measure(config) for _ in range(2)), key=lambda r: r["extra"])
     assert e.peak_bytes >= 10e6  # large enough for RSS to see
     assert 0.5 <= got["extra"] / e.peak_bytes <= 2.0, (got, e.peak_bytes)
 

@@ -34,7 +34,7 @@ Bytes: ``c`` is the compute itemsize (float32 for half precision), ``L = B·H``.
   (BENCHMARKS.md): reference 3 score matrices forward (S, exp(S − m), A) and 7 with
   ``backward`` (torch autograd keeps exp(S − m) and A and builds the gradients beside them;
   NumPy's ``attention_backward`` needs 4), plus the dense boolean mask; flash the per-tile
-  working set (two ``L x block_q x block_k`` score tiles forward, five backward, a query
+  working set (one ``L x block_q x block_k`` score tile forward, three backward, a query
   block and its accumulators) and ``lse``; torch SDPA's per-thread tile buffers plus, with a mask
   other than plain causal, the dense mask qkv builds and the float copy SDPA makes of it. With
   ``backward``, flash and torch add one gradient-sized copy (torch's gradient accumulation copies
@@ -167,11 +167,11 @@ def estimate(n_q: int, n_k: int | None = None, d_k: int = 64, d_v: int | None = 
     if impl == "flash":
         pairs, bq, bk, partial = _flash_tiles(b, h, hkv, nq, nk, dk, dv, m)
         tiles = (bq, bk)
-        row_tiles = min(2, math.ceil(nk / bk))  # the previous tile's scores are alive while the next is made
+        row_tiles = 1  # the kernel frees each tile before allocating the next
         peak = (row_tiles * lanes * bq * bk + lanes * bq * (dk + 4 * dv) + lanes * nq) * c  # + lse
         peak += 13 * bq * bk if partial else 0  # a PARTIAL tile's mask: index grid, booleans, 0/-inf bias
         if backward:
-            # a, dP = dO Vᵀ, dP − D and dS of this tile, with the previous tile's dS (torch keeps every temporary)
+            # a, dP = dO Vᵀ and dS = a ∘ (dP − D) of this tile
             bwd = (2 * row_tiles + 1) * lanes * bq * bk + 2 * lanes * bq * (dk + dv) + lanes * nq
             if c != s:  # half precision: the float32 gradient accumulators are not the outputs
                 bwd += lanes * nq * dk + b * hkv * nk * (dk + dv)
