@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
+from .bench._memory import _reset_peak, _status_bytes  # the benchmark suite's /proc readers
 from .errors import ArgumentError, QKVError
 
 MEASURE_BYTES = 2 * 10**9
@@ -66,25 +67,6 @@ def _si(n: float, unit: str) -> str:
 
 
 # --------------------------------------------------------------------------- measurement
-
-
-def _status(field: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _peak_reset() -> bool:
-    """Reset the kernel's high-water mark to the current RSS (Linux >= 4.0)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return _status("VmHWM") is not None
 
 
 def _trim_heap() -> None:
@@ -154,14 +136,14 @@ def _child(spec_json: str) -> None:
     gc.collect()
     _trim_heap()
     pinned = _pin_resident()
-    if _peak_reset():
-        method, base = "VmHWM", _status("VmRSS") or 0
+    if _reset_peak():
+        method, base = "VmHWM", _status_bytes("VmRSS") or 0
     else:
         method, base = "ru_maxrss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     t0 = time.perf_counter()
     outs = call(*inputs)
     first = time.perf_counter() - t0
-    peak = _status("VmHWM") if method == "VmHWM" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _status_bytes("VmHWM") if method == "VmHWM" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     out_bytes = sum(int(np.prod(o.shape)) * o.dtype.itemsize for o in outs)
     del outs
     times: list[float] = []
