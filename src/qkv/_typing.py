@@ -15,8 +15,8 @@ Array = Any  # a NumPy ndarray or a torch.Tensor; the array API namespace tells 
 class Dims(NamedTuple):
     """Sizes of one attention call, validated once by ``_checks.check_qkv``.
 
-    ``batch`` is the broadcast of the leading axes before the head axis; ``h`` is 0 when the
-    inputs have no head axis (all 2-D), so impls know not to add one.
+    ``batch`` is the broadcast of the leading axes before the head axis; ``has_heads`` is
+    False when every input is 2-D (then ``h = hkv = 1`` and impls add no head axis).
     """
 
     batch: tuple[int, ...]
