@@ -1,4 +1,4 @@
-"""The ``qkv`` command line: ``qkv explain`` (more subcommands arrive with later issues).
+"""The ``qkv`` command line: ``qkv explain`` here; bench, complexity, heatmap, pe, train and lab beside it.
 
 Parse -> call the public API -> print text (rich) or ``--json``; no math here. Every error
 qkv raises on purpose (``QKVError``, unreadable files included) becomes one line on stderr,
@@ -97,12 +97,17 @@ def explain(
 def _register_later_commands() -> None:
     """Subcommands whose modules sit beside the core (imported here, not at ``import qkv``)."""
     from ._complexity_cli import complexity_command
+    from ._plot_cli import heatmap_command, pe_command
     from ._train_cli import train_command
     from .bench.cli import bench_command
+    from .lab.cli import lab_command
 
     app.command("bench")(bench_command)
     app.command("complexity")(complexity_command)
+    app.command("heatmap")(heatmap_command)
+    app.command("pe")(pe_command)
     app.command("train")(train_command)
+    app.command("lab")(lab_command)
 
 
 _register_later_commands()

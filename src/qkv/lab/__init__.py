@@ -1,0 +1,1 @@
+"""``qkv lab``: the local web lab (FastAPI). Being built."""
