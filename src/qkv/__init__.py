@@ -19,8 +19,7 @@ from ._explain import explain as explain
 from ._hopfield import hopfield as hopfield
 from ._softmax import logsumexp as logsumexp
 from ._softmax import softmax as softmax
-
-__version__ = "0.1.0"
+from ._version import __version__ as __version__
 
 __all__ = [
     "Trace", "approx", "attention", "attention_backward", "complexity", "diagnostics", "errors", "explain", "hopfield",
