@@ -1,0 +1,3 @@
+"""The version, single-sourced: pyproject.toml reads it from here (tool.setuptools.dynamic)."""
+
+__version__ = "0.1.0"
