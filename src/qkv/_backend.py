@@ -1,8 +1,13 @@
 """Everything that depends on which array library an array comes from lives here.
 
 The rest of qkv writes array code once against the Python array API
-(``xp = namespace(q, k, v)``); torch is never imported by this module unless a torch tensor
-was passed in (``array_api_compat`` checks the type without importing torch).
+(``xp = namespace(q, k, v)``); torch and JAX are never imported by this module unless one of
+their arrays was passed in (``array_api_compat`` checks the type without importing them).
+
+Three kinds are supported: NumPy (the float64 reference), torch, and JAX (``jax.numpy`` is
+itself an array API namespace). JAX arrays are immutable, so the in-place helpers below
+(``add_``, ``exp_sub_``) fall back to their functional forms for them; under ``jax.grad``
+the inputs are tracers, which must never reach NumPy (``as_array`` passes them through).
 """
 
 from typing import Any
@@ -21,17 +26,24 @@ def is_torch(x: Any) -> bool:
     return bool(array_api_compat.is_torch_array(x))
 
 
+def is_jax(x: Any) -> bool:
+    """True for a ``jax.Array`` or a JAX tracer (without importing jax)."""
+    return bool(array_api_compat.is_jax_array(x))
+
+
 def kind(x: Any) -> str:
-    """``"torch"`` or ``"numpy"``: the array library of ``x``."""
-    return "torch" if is_torch(x) else "numpy"
+    """``"torch"``, ``"jax"`` or ``"numpy"``: the array library of ``x``."""
+    if isinstance(x, np.ndarray):
+        return "numpy"  # the common case first: no further type checks
+    return "torch" if is_torch(x) else "jax" if is_jax(x) else "numpy"
 
 
 def as_array(x: Any, name: str) -> Array:
-    """Return ``x`` unchanged if it is a NumPy array or torch tensor; array-likes become NumPy."""
-    if isinstance(x, np.ndarray) or is_torch(x):
+    """Return ``x`` unchanged if it is a NumPy array, torch tensor or JAX array; array-likes become NumPy."""
+    if isinstance(x, np.ndarray) or is_torch(x) or is_jax(x):
         return x
     if x is None:
-        raise DTypeError(f"{name} is None; expected a NumPy array or a torch tensor")
+        raise DTypeError(f"{name} is None; expected a NumPy array, a torch tensor or a JAX array")
     try:
         return np.asarray(x)
     except Exception as e:  # ragged lists and other non-arrays
@@ -41,13 +53,14 @@ def as_array(x: Any, name: str) -> Array:
 def namespace(**arrays: Array) -> Any:
     """The array API namespace shared by ``arrays`` (keyword names are used in the error).
 
-    Mixed kinds (NumPy with torch) raise ``DTypeError`` (a ``TypeError``): qkv never moves
-    data between libraries behind the caller's back.
+    Mixed kinds (NumPy with torch or JAX, torch with JAX) raise ``DTypeError`` (a
+    ``TypeError``): qkv never moves data between libraries behind the caller's back.
     """
     kinds = {name: kind(a) for name, a in arrays.items() if a is not None}
     if len(set(kinds.values())) > 1:
         listed = ", ".join(f"{n} is {k}" for n, k in kinds.items())
-        raise DTypeError(f"arrays of mixed kinds ({listed}); pass all NumPy arrays or all torch tensors")
+        raise DTypeError(f"arrays of mixed kinds ({listed}); pass arrays of one library "
+                         "(all NumPy, all torch or all JAX)")
     return array_api_compat.array_namespace(*(a for a in arrays.values() if a is not None))
 
 
@@ -59,6 +72,8 @@ def dtype_name(x: Array) -> str:
 def is_floating(x: Array) -> bool:
     if is_torch(x):
         return bool(x.dtype.is_floating_point)
+    if dtype_name(x) == "bfloat16":  # JAX's bfloat16 (ml_dtypes) is not a NumPy floating subtype
+        return True
     return bool(np.issubdtype(x.dtype, np.floating))
 
 
@@ -86,6 +101,10 @@ def from_numpy(a: np.ndarray, like: Array, dtype: Any = None) -> Array:
             a = a.copy()
         t = torch.from_numpy(a).to(device=like.device)
         return t if dtype is None else t.to(dtype)
+    if is_jax(like):
+        import jax.numpy as jnp  # only reached with a JAX array in hand
+
+        return jnp.asarray(a, dtype=dtype)
     return a if dtype is None else a.astype(dtype, copy=False)
 
 
@@ -115,8 +134,16 @@ def rand_uniform(rng: Any, like: Array, shape: tuple[int, ...]) -> Array:
     """Uniform [0, 1) numbers of ``shape`` from ``rng`` in the library of ``like``.
 
     ``rng`` is a ``numpy.random.Generator`` for NumPy arrays, a ``torch.Generator`` (or None,
-    the global generator) for torch tensors.
+    the global generator) for torch tensors, and a JAX PRNG key (``jax.random.key(0)``; required,
+    JAX has no global generator) for JAX arrays.
     """
+    if is_jax(like):
+        import jax
+
+        if rng is None or not is_jax(rng):
+            raise DTypeError(f"rng is {type(rng).__name__}; dropout on JAX arrays needs a JAX PRNG key, "
+                             "e.g. rng=jax.random.key(0)")
+        return jax.random.uniform(rng, shape, dtype=jax.numpy.float32)
     if is_torch(like):
         import torch
 
@@ -136,14 +163,16 @@ def add_(x: Array, y: Array) -> Array:
     """``x + y`` written into ``x`` (a fresh tile the caller owns); saves a pass and an allocation."""
     if is_torch(x):
         return x.add_(y)
-    if np.broadcast_shapes(x.shape, y.shape) == x.shape:
+    if isinstance(x, np.ndarray) and np.broadcast_shapes(x.shape, y.shape) == x.shape:
         return np.add(x, y, out=x)
-    return x + y
+    return x + y  # immutable arrays (JAX) and shapes that grow: the functional form
 
 
 def exp_sub_(x: Array, m: Array) -> Array:
     """``exp(x - m)`` written into ``x`` (a fresh tile the caller owns)."""
     if is_torch(x):
         return x.sub_(m).exp_()
+    if not isinstance(x, np.ndarray):  # immutable arrays (JAX): the functional form
+        return array_api_compat.array_namespace(x).exp(x - m)
     np.subtract(x, m, out=x)
     return np.exp(x, out=x)

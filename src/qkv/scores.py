@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import from_numpy, is_torch, namespace
+from ._backend import from_numpy, is_jax, is_torch, kind, namespace, to_numpy
 from ._typing import Array
 from .errors import ArgumentError, ShapeError
 
@@ -89,6 +89,16 @@ def _additive(bias: Callable[[Any, Array, np.ndarray, np.ndarray, int, int], Arr
     return ScoreMod(fn, name, bias, tensors)
 
 
+def _is_array(x: Any) -> bool:
+    """A torch tensor or JAX array (kept as is, so autograd and ``jax.grad`` reach it)."""
+    return is_torch(x) or is_jax(x)
+
+
+def _is_traced(x: Any) -> bool:
+    """A JAX tracer (inside ``jax.grad`` / ``jit``): it has no concrete values to show."""
+    return is_jax(x) and type(x).__name__.endswith("Tracer")
+
+
 def _heads(s: Array) -> int:
     return s.shape[-3] if s.ndim >= 3 else 1
 
@@ -101,8 +111,8 @@ def _per_head(xp: Any, values: Array, like: Array, what: str) -> Array:
             f"{what} has {values.shape[0]} heads on axis 0 but the scores have H={h} on axis -3 "
             f"({what}: {tuple(values.shape)}, scores: {tuple(like.shape)})"
         )
-    if is_torch(like) != is_torch(values):
-        values = from_numpy(np.asarray(values), like) if is_torch(like) else values.detach().cpu().numpy()
+    if kind(like) != kind(values):  # a NumPy table on torch / JAX scores, or the reverse
+        values = from_numpy(to_numpy(values), like)
     return xp.astype(values, like.dtype)
 
 
@@ -124,15 +134,15 @@ def alibi(slopes: Any = None, n_heads: int | None = None) -> ScoreMod:
             raise ShapeError(f"alibi(n_heads={n_heads}) but the scores have H={h} heads on axis -3 "
                              f"(scores: {tuple(s.shape)})")
         m = alibi_slopes(h) if slopes is None else slopes
-        m = _per_head(xp, m if is_torch(m) else np.asarray(m, dtype=np.float64), s, "alibi slopes")
+        m = _per_head(xp, m if _is_array(m) else np.asarray(m, dtype=np.float64), s, "alibi slopes")
         dist = from_numpy(np.abs(i + (nk - nq) - j).astype(np.float64), s, s.dtype)
         b = -xp.reshape(m, (-1, 1, 1)) * dist
         return b if s.ndim >= 3 else b[0]
 
     if slopes is None:
         return _additive(bias, "alibi")
-    shown = np.round(np.asarray(slopes.detach().cpu() if is_torch(slopes) else slopes, dtype=float), 4)
-    return _additive(bias, f"alibi(slopes={shown.tolist()})", (slopes,) if is_torch(slopes) else ())
+    shown = "traced" if _is_traced(slopes) else np.round(np.asarray(to_numpy(slopes), dtype=float), 4).tolist()
+    return _additive(bias, f"alibi(slopes={shown})", (slopes,) if _is_array(slopes) else ())
 
 
 def relative_bias(table: Any, max_distance: int) -> ScoreMod:
@@ -145,7 +155,7 @@ def relative_bias(table: Any, max_distance: int) -> ScoreMod:
     m = int(max_distance)
     if m < 0:
         raise ArgumentError(f"relative_bias max_distance must be >= 0, got {max_distance}")
-    t = table if is_torch(table) else np.asarray(table, dtype=np.float64)
+    t = table if _is_array(table) else np.asarray(table, dtype=np.float64)
     if t.ndim not in (1, 2) or t.shape[-1] != 2 * m + 1:
         raise ShapeError(
             f"relative_bias table has shape {tuple(t.shape)} but needs (2M + 1,) or (H, 2M + 1) "
@@ -155,12 +165,12 @@ def relative_bias(table: Any, max_distance: int) -> ScoreMod:
     def bias(xp, s, i, j, nq, nk):
         idx = np.clip(j - (i + (nk - nq)), -m, m) + m
         tab = _per_head(xp, t if t.ndim == 2 else t[None], s, "relative_bias table")
-        b = tab[:, from_numpy(idx, s)] if is_torch(s) else tab[:, idx]
+        b = tab[:, from_numpy(idx, s)] if is_torch(s) else tab[:, idx]  # NumPy and JAX index with NumPy ints
         if t.ndim == 1 or s.ndim < 3:
             b = b[0]
         return b
 
-    return _additive(bias, f"relative_bias(max_distance={m})", (t,) if is_torch(t) else ())
+    return _additive(bias, f"relative_bias(max_distance={m})", (t,) if _is_array(t) else ())
 
 
 def softcap(c: float) -> ScoreMod:

@@ -1,5 +1,8 @@
 """The registry of attention implementations and the ``impl="auto"`` choice.
 
+JAX arrays run on ``"reference"`` only (``"auto"`` picks it): the flash kernel writes its
+output tiles in place, which immutable JAX arrays do not allow, and SDPA is torch's.
+
 Each ``Impl`` says whether it can give the contract's exact semantics for a call
 (``supports`` returns None, or the reason it cannot), and provides ``forward`` and
 ``backward``. ``"auto"`` follows this decision table, measured in BENCHMARKS.md
@@ -22,6 +25,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .. import masks
+from .._backend import is_jax
 from .._typing import Array, Result
 from ..errors import ArgumentError
 from . import flash, reference, torch_sdpa
@@ -36,10 +40,16 @@ class Impl(NamedTuple):
     backward: Callable[[Array, Call, Array, Array], Any]
 
 
+def _flash_supports(c: Call) -> str | None:
+    if is_jax(c.q):
+        return "the flash kernel writes its output tiles in place and JAX arrays are immutable"
+    return flash.supports(c)
+
+
 IMPLS: dict[str, Impl] = {
     "reference": Impl("reference", lambda c: None, reference.forward, reference.backward),
     "torch": Impl("torch", torch_sdpa.supports, torch_sdpa.forward, torch_sdpa.backward),
-    "flash": Impl("flash", flash.supports, with_autograd(flash.forward, flash.backward), flash.backward),
+    "flash": Impl("flash", _flash_supports, with_autograd(flash.forward, flash.backward), flash.backward),
 }
 SMALL = 256 * 256
 """Below this many score entries per head the reference impl beats the tiled one (BENCHMARKS.md)."""
@@ -55,6 +65,8 @@ def _kept_fraction(c: Call) -> float:
 def auto(c: Call) -> Impl:
     """The fastest exact impl for ``c`` (decision table in the module docstring)."""
     d = c.dims
+    if is_jax(c.q):
+        return IMPLS["reference"]
     sdpa = IMPLS["torch"].supports(c) is None
     if d.grouped and d.nq <= 16 and IMPLS["flash"].supports(c) is None:
         return IMPLS["flash"]

@@ -1,0 +1,179 @@
+"""qkv as an attention implementation of Hugging Face transformers.
+
+``register(name="qkv", impl="auto")`` adds two functions to transformers' registries:
+
+- an attention function (``AttentionInterface``): the model hands it ``query (B, H, Lq, D)``,
+  un-expanded grouped keys and values ``(B, Hkv, Lk, D)``, the mask the mask function built
+  (or None), ``scaling``, ``dropout`` and model-specific keyword arguments; it returns
+  ``(out (B, Lq, H, D) contiguous, weights (B, H, Lq, Lk) or None)``, like transformers' own
+  ``sdpa_attention_forward``;
+- a mask function (``AttentionMaskInterface``): without one, transformers builds no mask at
+  all for an unknown implementation name. It is transformers' own boolean ``sdpa_mask``
+  (True = may attend, like qkv), except that it returns None (no mask) only where "no mask"
+  means one thing: ``Lq == Lk`` (plain causal) or ``Lq == 1`` (one new token against the
+  cache, attending every key). ``sdpa_mask`` also skips the mask for a prefill into an empty
+  static cache (``Lq < Lk``), relying on SDPA's top-left ``is_causal``; qkv's causal mask is
+  bottom-right (API.md), so that mask is built instead.
+
+Then ``AutoModelForCausalLM.from_config(cfg, attn_implementation="qkv")`` and
+``model.set_attn_implementation("qkv")`` run every attention layer through ``qkv.attention``.
+transformers (and torch) are imported when ``register`` is called, never by ``import qkv``.
+"""
+
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+from ..errors import ArgumentError, MaskError
+
+IMPLS = ("auto", "reference", "flash", "torch")
+
+IGNORED = frozenset({
+    # bookkeeping the attention itself does not use
+    "position_ids", "output_attentions", "output_hidden_states", "output_router_logits", "num_items_in_batch",
+    "use_cache", "cache_position", "past_key_values", "past_key_value", "position_embeddings", "layer_idx",
+    "return_dict", "token_type_ids",
+    # flash-attention's varlen description of packed sequences; for every other implementation
+    # transformers folds the packing into the mask (from position_ids), which qkv applies
+    "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx",
+    # Mistral-style models pass their window here; the mask function has already built it
+    "sliding_window",
+})
+"""Keyword arguments models pass that change nothing here; any other non-None one is refused."""
+
+
+def register(name: str = "qkv", impl: str = "auto") -> str:
+    """Register qkv with transformers as ``attn_implementation=name``; returns ``name``.
+
+    ``impl`` is passed to ``qkv.attention`` (``"auto"``, ``"reference"``, ``"flash"`` or
+    ``"torch"``). Registering again (same or another ``impl``) replaces the entry, so calling
+    it twice is harmless.
+
+    >>> register()
+    'qkv'
+    >>> model = AutoModelForCausalLM.from_config(config, attn_implementation="qkv")
+    """
+    if not isinstance(name, str) or not name:
+        raise ArgumentError(f"name must be a non-empty string, got {name!r}")
+    if impl not in IMPLS:
+        raise ArgumentError(f"impl must be one of {list(IMPLS)}, got {impl!r}")
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(name, attention_function(impl))
+    AttentionMaskInterface.register(name, mask_function)
+    return name
+
+
+@cache
+def attention_function(impl: str = "auto") -> Callable[..., tuple[Any, Any]]:
+    """The function registered with ``AttentionInterface`` for ``impl`` (one object per impl)."""
+
+    def qkv_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+                      dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
+                      **kwargs: Any) -> tuple[Any, Any]:
+        return forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                       is_causal=is_causal, impl=impl, **kwargs)
+
+    qkv_attention.__name__ = qkv_attention.__qualname__ = f"qkv_attention_{impl}"
+    return qkv_attention
+
+
+def forward(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *, dropout: float = 0.0,
+            scaling: float | None = None, is_causal: bool | None = None, impl: str = "auto",
+            **kwargs: Any) -> tuple[Any, Any]:
+    """One attention layer of a transformers model, computed by ``qkv.attention``.
+
+    query (B, H, Lq, D), key (B, Hkv, Lk, D), value (B, Hkv, Lk, Dv) with ``H % Hkv == 0``
+    (grouped heads are not expanded: qkv serves each kv head's ``H // Hkv`` query heads) ->
+    ``(out (B, Lq, H, Dv) contiguous, weights (B, H, Lq, Lk) or None)``.
+
+    - ``attention_mask`` None: causal (bottom-right: ``Lq < Lk`` means the queries are the last
+      ``Lq`` positions) unless ``is_causal`` or ``module.is_causal`` is False. A boolean mask
+      (True = may attend) is used as is; a float mask's very negative entries (``<= finfo.min
+      / 2``, transformers' "minus infinity") are hidden keys, other values an additive bias.
+    - ``scaling``: the score scale (None: ``1/sqrt(D)``). ``dropout``: applied to the weights
+      only while ``module.training``, drawn from torch's global generator (seed it with
+      ``torch.manual_seed``); the flash impl has no dropout and refuses it.
+    - ``softcap`` (Gemma 2): ``qkv.scores.softcap``. ``output_attentions=True`` returns the
+      weights (the reference impl materialises them; flash rebuilds them from its lse).
+    - A row that may attend no key (left padding) gives zeros, never NaN.
+    - Keyword arguments qkv cannot honour (attention sinks ``s_aux``, ``position_bias``, ...)
+      raise ``ArgumentError`` naming them rather than being ignored.
+    """
+    from .. import attention, scores
+
+    refused = sorted(k for k, v in kwargs.items() if v is not None and k not in IGNORED and k != "softcap")
+    if refused:
+        raise ArgumentError(
+            f"qkv's transformers backend cannot honour the keyword argument(s) {refused} passed by "
+            f"{type(module).__name__}; use attn_implementation='eager' for this model"
+        )
+    causal_flag = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    mask = None if attention_mask is None else _qkv_mask(attention_mask, key.shape[-2])
+    softcap = kwargs.get("softcap")
+    want_weights = _weights_requested(module, kwargs)
+    res = attention(
+        query, key, value, mask=mask, causal=bool(causal_flag) and attention_mask is None, scale=scaling,
+        score_mod=None if softcap is None else scores.softcap(softcap),
+        dropout=float(dropout) if getattr(module, "training", False) else 0.0,
+        impl=impl, return_weights=want_weights,
+    )
+    out, weights = res if want_weights else (res, None)
+    return out.transpose(1, 2).contiguous(), weights
+
+
+def _weights_requested(module: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether the caller asked for the attention weights (``output_attentions=True``).
+
+    Models in transformers 5 record the weights with a forward hook while ``output_attentions``
+    is on, and many (GPT-2) drop the flag before it reaches the attention function; the hook's
+    active collector is the reliable signal. The weights are only built when asked for: the
+    reference impl materialises them, the flash kernel rebuilds them in a second pass.
+    """
+    if kwargs.get("output_attentions") or getattr(getattr(module, "config", None), "output_attentions", False):
+        return True
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # another transformers version: only the explicit flag above
+        return False
+    collected = _active_collector.get()
+    return isinstance(collected, dict) and any(key.endswith("attentions") for key in collected)
+
+
+def _qkv_mask(mask: Any, nk: int) -> Any:
+    """transformers' 4-D mask ``(B, 1 or H, Lq, Lk')`` as a qkv boolean mask or float bias."""
+    import torch
+
+    if mask.ndim != 4:
+        raise MaskError(f"attention_mask has shape {tuple(mask.shape)}; the transformers backend expects the "
+                        "4-D (B, 1 or H, Lq, Lk) mask its mask function builds")
+    if mask.shape[-1] > nk:  # a mask built for a longer (e.g. static) cache: its first Nk keys are these
+        mask = mask[..., :nk]
+    if mask.dtype == torch.bool:
+        return mask
+    if not mask.dtype.is_floating_point:
+        raise MaskError(f"attention_mask has dtype {mask.dtype}; pass a boolean (True = may attend) or float "
+                        "(additive) mask")
+    hidden = mask <= torch.finfo(mask.dtype).min / 2  # eager masks write finfo.min for "never attend"
+    bias = mask.masked_fill(hidden, 0.0)
+    if not bool(bias.any()):
+        return ~hidden  # a pure 0 / -inf mask: boolean, so the flash kernel can skip hidden tiles
+    return mask.masked_fill(hidden, -float("inf"))
+
+
+def mask_function(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: int = 0,
+                  mask_function: Callable[..., Any] | None = None, attention_mask: Any = None,
+                  allow_is_causal_skip: bool = True, **kwargs: Any) -> Any:
+    """The mask registered with ``AttentionMaskInterface``: boolean ``(B, 1, Lq, Lk)`` or None.
+
+    transformers' ``sdpa_mask`` (True = may attend; padding, sliding windows, packed sequences and
+    chunked attention included), allowed to return None only when ``Lq == Lk`` or ``Lq == 1``,
+    where qkv's bottom-right causal mask is what the model means.
+    """
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    skip = bool(allow_is_causal_skip) and (q_length == 1 or q_length == kv_length)
+    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                     kv_offset=kv_offset, mask_function=mask_function or causal_mask_function,
+                     attention_mask=attention_mask, allow_is_causal_skip=skip, **kwargs)
