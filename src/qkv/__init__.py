@@ -17,11 +17,12 @@ from ._core import attention_backward as attention_backward
 from ._explain import Trace as Trace
 from ._explain import explain as explain
 from ._hopfield import hopfield as hopfield
+from ._merge import merge_attention as merge_attention
 from ._softmax import logsumexp as logsumexp
 from ._softmax import softmax as softmax
 from ._version import __version__ as __version__
 
 __all__ = [
     "Trace", "approx", "attention", "attention_backward", "complexity", "diagnostics", "errors", "explain", "hopfield",
-    "logsumexp", "masks", "positional", "scores", "softmax",
+    "logsumexp", "masks", "merge_attention", "positional", "scores", "softmax",
 ]
