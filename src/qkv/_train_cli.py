@@ -1,8 +1,9 @@
 """``qkv train``: teach a TinyGPT a toy task from the command line (registered by ``qkv.cli``).
 
 Parse -> ``qkv.train.train`` -> print a summary (rich) or ``--json``; ``--save FILE.npz``
-writes the loss and accuracy curves and the recorded attention maps. torch is imported only
-when the command runs.
+writes the loss and accuracy curves and the recorded attention maps; ``--record DIR`` draws
+them (``qkv.plot``): ``attention.gif``, ``attention_grid.png``, ``curves.png`` and
+``history.npz``. torch and matplotlib are imported only when the command runs.
 """
 
 import json
@@ -41,16 +42,25 @@ def train_command(
         "--record-every", min=1, metavar="K", help="record the probe's attention maps every K steps")] = None,
     save: Annotated[Path | None, typer.Option(
         "--save", metavar="FILE", help="write curves and attention maps to FILE (.npz)")] = None,
+    record: Annotated[Path | None, typer.Option(
+        "--record", metavar="DIR", help="write attention.gif, attention_grid.png, curves.png and history.npz to DIR "
+        "(recording every K = steps // 20 steps unless --record-every)")] = None,
+    layer: Annotated[int, typer.Option("--layer", help="the layer drawn by --record (default: the last)")] = -1,
     json_out: Annotated[bool, typer.Option("--json", help="print the history as JSON (no progress bar)")] = False,
 ) -> None:
     """Train a TinyGPT on a toy task that needs attention (copy, reverse, sort, recall) and report its accuracy."""
     try:
         from .train import train
 
+        if record is not None:
+            _check_layer(layer, train)  # before training, not after it
+        if record is not None and record_every is None:
+            record_every = max(1, _budget(task, steps) // 20)
         history = train(task, steps, length=length, pos=pos, seed=seed, record_every=record_every,
                         progress=not json_out)
         if save is not None:
             _save(save, history)
+        files = _record(record, history, layer) if record is not None else []
     except QKVError as e:
         typer.echo(f"error: {type(e).__name__}: {' '.join(str(e).split())}", err=True)
         raise typer.Exit(1) from None
@@ -59,7 +69,7 @@ def train_command(
                    err=True)
         raise typer.Exit(1) from None
     if json_out:
-        typer.echo(json.dumps(history.to_dict()))
+        typer.echo(json.dumps(history.to_dict() | ({"files": files} if record is not None else {})))
         return
     from rich.console import Console
 
@@ -67,4 +77,36 @@ def train_command(
         f"{task}: {len(history.loss)} steps, final loss {history.loss[-1]:.4f}, "
         f"held-out accuracy {history.eval_accuracy:.4f} (tokens), {history.eval_exact:.4f} (whole answers)"
         + (f"; saved to {save}" if save is not None else "")
+        + (f"; pictures in {record}: {', '.join(Path(f).name for f in files)}" if record is not None else "")
     )
+
+
+def _check_layer(layer: int, train: Any) -> None:
+    import inspect
+
+    from .errors import ArgumentError
+
+    n_layers = inspect.signature(train).parameters["n_layers"].default  # the command trains the default size
+    if not -n_layers <= layer < n_layers:
+        raise ArgumentError(f"--layer must be in {-n_layers}..{n_layers - 1} (the model has {n_layers} layers), "
+                            f"got {layer}")
+
+
+def _budget(task: str, steps: int | None) -> int:
+    """The steps a run will take: ``steps`` or the task's default budget."""
+    from .train.tasks import get_task
+
+    return steps if steps is not None else get_task(task).default_steps
+
+
+def _record(directory: Path, history: Any, layer: int) -> list[str]:
+    """Draw the run into ``directory``: GIF (a frame per recorded step), small multiples, curves, arrays."""
+    from . import plot
+
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / name for name in ("attention.gif", "attention_grid.png", "curves.png", "history.npz")]
+    plot.save_animation(history, paths[0], layer)
+    plot.save(plot.attention_grid(history, layer), paths[1], "png")
+    plot.save(plot.curves(history, layer), paths[2], "png")
+    _save(paths[3], history)
+    return [str(p) for p in paths]
