@@ -65,6 +65,22 @@ def test_records_attention_maps_and_calls_back():
     assert json.loads(json.dumps(d))["attention"][1]["step"] == 8
 
 
+def test_a_callback_returning_false_stops_training_early():
+    seen = []
+
+    def stop_at_5(info):
+        seen.append(info["step"])
+        return info["step"] < 5  # False at step 5; None and True keep going
+
+    history = train("copy", 12, length=3, record_every=2, seed=0, callback=stop_at_5)
+    assert seen == [1, 2, 3, 4, 5]
+    assert len(history.loss) == len(history.accuracy) == 5
+    assert [s.step for s in history.attention] == [0, 2, 4]
+    assert 0.0 <= history.eval_accuracy <= 1.0  # the partial model is still evaluated
+    full = train("copy", 12, length=3, seed=0, callback=lambda info: None)
+    assert len(full.loss) == 12 and full.loss[:5] == history.loss  # nothing changes before the stop
+
+
 def test_training_is_seeded_and_leaves_the_global_rng_alone():
     torch.manual_seed(123)
     before = torch.rand(3)

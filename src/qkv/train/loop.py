@@ -98,14 +98,16 @@ def _positive(value: Any, name: str) -> int:
 def train(task: str, steps: int | None = None, *, length: int | None = None, batch_size: int = 64,
           lr: float = 3e-3, d_model: int = 64, n_heads: int = 4, n_layers: int = 2, n_kv_heads: int | None = None,
           pos: str = "learned", record_every: int | None = None, eval_size: int = 256, progress: bool = False,
-          callback: Callable[[dict[str, Any]], None] | None = None, seed: int = 0) -> History:
+          callback: Callable[[dict[str, Any]], bool | None] | None = None, seed: int = 0) -> History:
     """Train a fresh ``TinyGPT`` on ``task`` (``"copy"``, ``"reverse"``, ``"sort"``, ``"recall"``).
 
     ``steps`` defaults to the task's budget, ``length`` to its default size (prompt symbols; for
     recall, key–value pairs). ``record_every=k`` records the probe's attention maps at step 0,
     every ``k`` steps and at the end. ``progress=True`` shows a rich progress bar; ``callback``
     receives ``{"step", "loss", "accuracy"}`` after each step (plus ``"attention"`` when
-    recorded). Returns a ``History``; ``history.model`` is the trained model (in eval mode).
+    recorded); if it returns ``False``, training stops after that step and the partial history
+    is evaluated and returned. Returns a ``History``; ``history.model`` is the trained model (in
+    eval mode).
 
     >>> h = train("reverse", seed=0)
     >>> h.eval_accuracy > 0.99
@@ -148,9 +150,10 @@ def train(task: str, steps: int | None = None, *, length: int | None = None, bat
             if record is not None and (step % record == 0 or step == steps):
                 history.attention.append(_snapshot(model, tokens[0], step))
                 info["attention"] = history.attention[-1].weights
-            if callback is not None:
-                callback(info)
+            stop = callback is not None and callback(info) is False
             bar.update(info)
+            if stop:
+                break
     finally:
         bar.close()
     model.eval()

@@ -1,0 +1,101 @@
+"""The Complexity page's handlers: ``qkv.complexity.estimate`` for one call and over N, and a
+measurement of the same call for sizes that run in about a second (``qkv.bench.measure``).
+
+A measurement runs in the server's worker thread on NumPy arrays (or torch tensors for
+``impl="torch"`` and bfloat16), one at a time (a lock: two cores are shared with the page
+and a possible training run), after the estimate says it fits ``Limits.measure_*``.
+"""
+
+import threading
+from typing import Any
+
+import numpy as np
+
+import qkv
+
+from .. import complexity
+from .._mask_spec import build_mask
+from .schemas import ComplexityRequest, LabError, Limits
+
+_MEASURING = threading.Lock()
+
+
+def _estimate(req: ComplexityRequest, n: int, n_k: int | None = None) -> complexity.Estimate:
+    nk = n if n_k is None else n_k
+    mask = build_mask(req.mask, n, nk, **req.mask_params)
+    return complexity.estimate(n, nk, d_k=req.d, d_v=req.d_v, heads=req.heads, kv_heads=req.kv_heads,
+                               batch=req.batch, dtype=req.dtype, impl=req.impl, mask=mask, backward=req.backward)
+
+
+def _sizes(n: int, limit: int) -> list[int]:
+    """Powers of two from 16 to 4 N (at most ``limit``), with N itself."""
+    top = min(limit, max(4 * n, 256))
+    sizes = {n} | {1 << e for e in range(4, 31) if (1 << e) <= top}
+    return sorted(sizes)
+
+
+def estimate(req: ComplexityRequest, limits: Limits) -> dict[str, Any]:
+    """``{"estimate": Estimate.to_dict(), "series": [{n, flops, score_bytes, peak_bytes, kv_cache_bytes}]}``;
+    the series keeps ``n_k / n_q`` fixed as N grows."""
+    for name, value in (("n", req.n), ("n_k", req.n_k)):
+        if value is not None and value > limits.max_complexity_n:
+            raise LabError(f"{name} is {value}, above the lab's limit of {limits.max_complexity_n} for the "
+                           "calculator (use `qkv complexity` on the command line for larger sizes)")
+    one = _estimate(req, req.n, req.n_k)
+    ratio = 1.0 if req.n_k is None else req.n_k / req.n
+    series = []
+    for n in _sizes(req.n, limits.max_complexity_n):
+        n_k = max(1, min(limits.max_complexity_n, round(n * ratio)))
+        e = one if n == req.n else _estimate(req, n, None if req.n_k is None else n_k)
+        series.append({"n": n, "flops": e.flops, "score_bytes": e.score_bytes, "peak_bytes": e.peak_bytes,
+                       "kv_cache_bytes": e.kv_cache_bytes})
+    return {"estimate": one.to_dict(), "series": series}
+
+
+def _inputs(req: ComplexityRequest, n_k: int, torch_inputs: bool) -> tuple[Any, Any, Any]:
+    h, hkv = req.heads, req.heads if req.kv_heads is None else req.kv_heads
+    dv = req.d if req.d_v is None else req.d_v
+    rng = np.random.default_rng(0)
+    shapes = [(req.batch, h, req.n, req.d), (req.batch, hkv, n_k, req.d), (req.batch, hkv, n_k, dv)]
+    xs = [rng.standard_normal(s, dtype=np.float32) for s in shapes]
+    if torch_inputs:
+        import torch
+
+        return tuple(torch.from_numpy(x).to(getattr(torch, req.dtype)) for x in xs)  # type: ignore[return-value]
+    return tuple(x.astype(req.dtype, copy=False) for x in xs)  # type: ignore[return-value]
+
+
+def measure(req: ComplexityRequest, limits: Limits) -> dict[str, Any]:
+    """Run the call (forward, or forward + backward) a few times: median seconds beside the estimate."""
+    from ..bench import measure as timed
+
+    n_k = req.n if req.n_k is None else req.n_k
+    e = _estimate(req, req.n, req.n_k)
+    work = e.input_bytes + e.output_bytes + e.peak_bytes
+    if max(req.n, n_k) > limits.measure_max_n or e.flops > limits.measure_flops or work > limits.measure_bytes:
+        raise LabError(f"measure runs only calls that take about a second: N <= {limits.measure_max_n}, at most "
+                       f"{limits.measure_flops:.3g} FLOPs and {limits.measure_bytes / 1e6:.0f} MB; this one is "
+                       f"N={max(req.n, n_k)}, {e.flops:.3g} FLOPs, {work / 1e6:.0f} MB (make N, heads or batch "
+                       "smaller)")
+    torch_inputs = req.impl == "torch" or req.dtype == "bfloat16" or req.backward
+    if torch_inputs:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise LabError("measuring impl='torch', bfloat16 or the backward pass needs PyTorch") from None
+    mask = build_mask(req.mask, req.n, n_k, **req.mask_params)
+    with _MEASURING:
+        q, k, v = _inputs(req, n_k, torch_inputs)
+        if req.backward:
+            for x in (q, k, v):
+                x.requires_grad_(True)
+
+        def call() -> None:
+            out = qkv.attention(q, k, v, mask=mask, impl=req.impl)
+            if req.backward:
+                out.sum().backward()
+
+        t = timed(call, warmup=1, repeats=3)
+    return {"seconds": t.median, "iqr": t.iqr, "samples": list(t.samples), "flops": e.flops,
+            "gflops_per_s": e.flops / t.median / 1e9 if t.median > 0 else None, "estimate": e.to_dict(),
+            "arrays": "torch" if torch_inputs else "numpy"}

@@ -1,0 +1,155 @@
+"""The lab's JSON API (``/api/...``): thin FastAPI routes over ``compute``, ``costs`` and ``training``.
+
+A client is named by the ``client`` query parameter or, failing that, by the ``qkv_lab_client``
+cookie that every page sets; training runs, their history and the learned positional table
+belong to a client. Handlers that compute are plain ``def``: FastAPI runs them in its thread
+pool, so a slow request never blocks the event loop or the training stream.
+"""
+
+import asyncio
+import json
+import secrets
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Cookie, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
+
+from . import compute, costs
+from .schemas import (
+    ComplexityRequest,
+    ExplainRequest,
+    HeatmapRequest,
+    LabError,
+    Limits,
+    PositionalRequest,
+    TrainRequest,
+)
+from .training import TrainingManager
+
+COOKIE = "qkv_lab_client"
+POLL = 0.05  # seconds between looks at a run's events (and at the client's connection)
+
+ClientParam = Annotated[str | None, Query(alias="client", max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+ClientCookie = Annotated[str | None, Cookie(alias=COOKIE, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+def client_id(response: Response, client: ClientParam = None, cookie: ClientCookie = None) -> str:
+    """The caller's client id (query parameter, else cookie); a new one is set as a cookie if neither."""
+    if client:
+        return client
+    if cookie:
+        return cookie
+    new = secrets.token_urlsafe(12)
+    response.set_cookie(COOKIE, new, httponly=True, samesite="strict")
+    return new
+
+
+def _known_client(client: str | None, cookie: str | None) -> str:
+    name = client or cookie
+    if not name:
+        raise LabError("no client id: pass ?client=ID or load a lab page first (it sets a cookie)", status=404)
+    return name
+
+
+def build_router(limits: Limits, manager: TrainingManager) -> APIRouter:
+    """Every ``/api`` route, bound to the app's limits and training manager."""
+    api = APIRouter(prefix="/api")
+
+    @api.get("/limits")
+    def get_limits() -> dict[str, Any]:
+        """The sizes this lab accepts."""
+        return {name: getattr(limits, name) for name in limits.__dataclass_fields__}
+
+    @api.get("/masks")
+    def get_masks() -> dict[str, Any]:
+        """Mask kinds and their parameters (``qkv._mask_spec``)."""
+        return compute.mask_kinds()
+
+    @api.post("/explain")
+    def post_explain(req: ExplainRequest) -> dict[str, Any]:
+        """``qkv.explain(q, k, v, ...).to_dict()``."""
+        return compute.explain(req, limits)
+
+    @api.post("/heatmap")
+    def post_heatmap(req: HeatmapRequest) -> dict[str, Any]:
+        """Attention weights, mask, row sums and entropy of every head."""
+        return compute.heatmap(req, limits)
+
+    @api.post("/positional")
+    def post_positional(req: PositionalRequest, response: Response, client: ClientParam = None,
+                        cookie: ClientCookie = None) -> dict[str, Any]:
+        """A positional encoding's table and similarity (ALiBi: biases per head)."""
+        learned = None
+        if req.kind == "learned":
+            learned = manager.learned_table(client_id(response, client, cookie))
+        return compute.positional_view(req, limits, learned)
+
+    @api.post("/complexity")
+    def post_complexity(req: ComplexityRequest) -> dict[str, Any]:
+        """``qkv.complexity.estimate`` for the call and over N."""
+        return costs.estimate(req, limits)
+
+    @api.post("/complexity/measure")
+    def post_measure(req: ComplexityRequest) -> dict[str, Any]:
+        """Time the call (small sizes only)."""
+        return costs.measure(req, limits)
+
+    @api.post("/train/start")
+    def post_train_start(req: TrainRequest, response: Response, client: ClientParam = None,
+                         cookie: ClientCookie = None) -> dict[str, Any]:
+        """Start a training run for this client (409 if one is going)."""
+        name = client_id(response, client, cookie)
+        run = manager.start(name, req)
+        return {"run": run.id, "client": name, "status": run.status, "events": f"/api/train/events?client={name}"}
+
+    @api.post("/train/stop")
+    def post_train_stop(client: ClientParam = None, cookie: ClientCookie = None) -> dict[str, Any]:
+        """Ask this client's run to stop (it ends after the current step)."""
+        run = manager.stop(_known_client(client, cookie))
+        if run is None:
+            raise LabError("this client has no training run to stop", status=404)
+        return {"run": run.id, "status": run.status, "stopping": not run.finished}
+
+    @api.get("/train/history")
+    def get_train_history(client: ClientParam = None, cookie: ClientCookie = None) -> dict[str, Any]:
+        """Everything this client's latest run recorded (for the scrubber); ``{"status": "none"}``
+        when it has none yet."""
+        name = client or cookie
+        run = None if name is None else manager.get(name)
+        return {"run": None, "status": "none"} if run is None else run.summary()
+
+    @api.get("/train/events")
+    async def get_train_events(request: Request, client: ClientParam = None, cookie: ClientCookie = None,
+                               since: Annotated[int, Query(ge=0)] = 0,
+                               last_event_id: Annotated[str | None, Header()] = None) -> StreamingResponse:
+        """Server-sent events of this client's latest run from event ``since``; ends with the run.
+        A client that goes away (closes the page) stops the run."""
+        run = manager.get(_known_client(client, cookie))
+        if run is None:
+            raise LabError("this client has no training run yet: POST /api/train/start", status=404)
+        if last_event_id is not None and last_event_id.isdigit():
+            since = max(since, int(last_event_id) + 1)  # an EventSource reconnecting resumes
+
+        async def stream() -> AsyncIterator[str]:
+            index, ended = since, False
+            try:
+                yield "retry: 1000\n\n"
+                while True:
+                    for event in run.events_since(index):
+                        index = event["index"] + 1
+                        yield f"id: {event['index']}\ndata: {json.dumps(event)}\n\n"
+                        if event["type"] in ("done", "stopped", "error"):
+                            ended = True
+                            return
+                    if await request.is_disconnected():
+                        return
+                    await asyncio.sleep(POLL)
+            finally:
+                if not ended:
+                    run.stop()  # the page went away: nobody is watching this run
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    return api

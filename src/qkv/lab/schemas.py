@@ -1,0 +1,146 @@
+"""Request bodies of the lab's JSON API (pydantic), with the lab's limits.
+
+Fixed bounds live in the field definitions (pydantic answers 422 naming the field); the bounds
+an app is configured with (``Limits``, e.g. ``create_app(max_n=...)``) are checked by the
+handlers, which raise ``LabError`` (also 422) with the limit in the message. Matrices are
+lists of rows of finite numbers; their shapes are checked here, their agreement with each
+other (``Dk`` of q and k, ``Nk`` of k and v) by ``qkv.attention``'s own checks.
+"""
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
+
+from .._mask_spec import MASK_KINDS
+
+Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]  # JSON numbers only: no "1", NaN or inf
+Matrix = list[list[Number]]
+DTYPES = ("float32", "float64", "float16", "bfloat16")
+IMPLS = ("reference", "flash", "torch", "auto")
+POSITIONAL_KINDS = ("sinusoidal", "rope", "alibi", "learned")
+POS = ("rope", "alibi", "sinusoidal", "learned")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Sizes the lab accepts: ``max_n`` positions on the Explain, Heatmap and Positional pages,
+    ``max_complexity_n`` for the calculator, ``measure_flops`` / ``measure_bytes`` for the
+    measure button (about a second on a laptop core), ``max_steps`` for training."""
+
+    max_n: int = 128
+    max_d: int = 256
+    max_heads: int = 16
+    max_complexity_n: int = 1 << 16
+    measure_max_n: int = 4096
+    measure_flops: float = 4e9
+    measure_bytes: float = 512e6
+    max_steps: int = 3000
+    max_runs: int = 2  # training runs at once over all clients (two cores)
+
+
+class LabError(Exception):
+    """A request the lab refuses (answered 422 with ``message``)."""
+
+    def __init__(self, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.message, self.status = message, status
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _kind(value: str) -> str:
+    if value not in MASK_KINDS:
+        raise ValueError(f"unknown mask kind {value!r}; allowed: {', '.join(MASK_KINDS)}")
+    return value
+
+
+class MaskSpec(_Body):
+    """A mask by name (``qkv._mask_spec.MASK_KINDS``) and its parameters."""
+
+    mask: str = "none"
+    mask_params: dict[str, Any] = Field(default_factory=dict)
+
+    _check_kind = field_validator("mask")(_kind)
+
+
+class ExplainRequest(MaskSpec):
+    """Q (Nq, Dk), K (Nk, Dk), V (Nk, Dv) as lists of rows; all three omitted = the worked example."""
+
+    q: Matrix | None = None
+    k: Matrix | None = None
+    v: Matrix | None = None
+    causal: bool = False
+    scale: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    grad: bool = False
+
+    @field_validator("q", "k", "v")
+    @classmethod
+    def _rectangular(cls, m: list[list[float]] | None, info: Any) -> list[list[float]] | None:
+        if m is None:
+            return m
+        name = info.field_name
+        if not m or not m[0]:
+            raise ValueError(f"{name} must be a non-empty matrix (a list of rows of numbers), got {m!r}")
+        for i, row in enumerate(m):
+            if len(row) != len(m[0]):
+                raise ValueError(f"row {i} has {len(row)} numbers but row 0 has {len(m[0])} (ragged: every row "
+                                 f"of {name} needs the same length)")
+        return m
+
+
+class HeatmapRequest(MaskSpec):
+    """Random Gaussian q (H, Nq, D), k, v (H, Nk, D) from ``seed``; weights of every head."""
+
+    n_q: int = Field(12, ge=1)
+    n_k: int | None = Field(None, ge=1)
+    d: int = Field(16, ge=1)
+    heads: int = Field(2, ge=1)
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    scale: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    temperature: float = Field(1.0, gt=0, le=1e3, allow_inf_nan=False)
+
+
+class PositionalRequest(_Body):
+    """A positional encoding to look at: ``kind``, ``n`` positions, ``d`` features, ``base``, ALiBi ``heads``."""
+
+    kind: Literal["sinusoidal", "rope", "alibi", "learned"] = "sinusoidal"
+    n: int = Field(32, ge=1)
+    d: int = Field(32, ge=1)
+    base: float = Field(10000.0, gt=1.0, le=1e9, allow_inf_nan=False)
+    heads: int = Field(4, ge=1)
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    causal: bool = True
+
+
+class ComplexityRequest(MaskSpec):
+    """The arguments of ``qkv.complexity.estimate`` (``mask`` by kind)."""
+
+    n: int = Field(1024, ge=1)
+    n_k: int | None = Field(None, ge=1)
+    d: int = Field(64, ge=1, le=4096)
+    d_v: int | None = Field(None, ge=1, le=4096)
+    heads: int = Field(8, ge=1, le=1024)
+    kv_heads: int | None = Field(None, ge=1, le=1024)
+    batch: int = Field(1, ge=1, le=4096)
+    dtype: Literal["float32", "float64", "float16", "bfloat16"] = "float32"
+    impl: Literal["reference", "flash", "torch", "auto"] = "reference"
+    backward: bool = False
+
+
+class TrainRequest(_Body):
+    """A ``qkv.train.train`` run: task, steps, model size, positional encoding, seed."""
+
+    task: Literal["copy", "reverse", "sort", "recall"] = "reverse"
+    steps: int = Field(300, ge=1)
+    length: int | None = Field(None, ge=2, le=16)
+    pos: Literal["rope", "alibi", "sinusoidal", "learned"] = "learned"
+    d_model: int = Field(64, ge=8, le=128)
+    n_heads: int = Field(4, ge=1, le=8)
+    n_layers: int = Field(2, ge=1, le=4)
+    batch_size: int = Field(64, ge=1, le=256)
+    lr: float = Field(3e-3, gt=0, le=1.0, allow_inf_nan=False)
+    record_every: int | None = Field(None, ge=1)
+    seed: int = Field(0, ge=0, le=2**32 - 1)
