@@ -352,8 +352,9 @@ def test_training_refuses_bad_input(client, body, words):
     assert refused(client.post("/api/train/stop?client=carol"), 404)
 
 
-def test_closing_the_stream_stops_the_run():
-    """Against a real server (``qkv lab --port 0 --json``): a client that goes away ends its run."""
+def test_the_server_answers_while_training_and_closing_the_stream_stops_the_run():
+    """Against a real server (``qkv lab --port 0 --json``): other requests answer while a run trains;
+    a client that goes away ends its run."""
     with lab_server() as url:
         request = urllib.request.Request(url + "api/train/start?client=dave", data=json.dumps(
             {**TINY, "steps": 3000}).encode(), headers={"Content-Type": "application/json"})
@@ -363,6 +364,15 @@ def test_closing_the_stream_stops_the_run():
         for raw in stream:
             if b'"type": "step"' in raw:
                 break  # the run is going and we are watching ...
+        # the server stays responsive while it trains: other pages' requests answer at once
+        t0 = time.monotonic()
+        request = urllib.request.Request(url + "api/heatmap", data=json.dumps({"n_q": 16, "n_k": 16}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as r:
+            assert r.status == 200 and len(json.load(r)["weights"][0]) == 16
+        with urllib.request.urlopen(url + "api/train/history?client=dave", timeout=5) as r:
+            assert json.load(r)["status"] == "running"
+        assert time.monotonic() - t0 < 3.0
         stream.close()  # ... and now we are not
         deadline = time.monotonic() + 10
         while True:
