@@ -17,6 +17,12 @@ import typer
 FILE = ".npy, .npz[:key], .json[:key] or .csv"
 MAX_RANDOM_N = 512
 
+# the output options both commands share
+Format = Annotated[str | None, typer.Option("--format", help="png, svg or html (default: from --out)")]
+Size = Annotated[str | None, typer.Option("--size", metavar="WxH", help="picture size in inches")]
+Dpi = Annotated[float, typer.Option("--dpi", help="pixels per inch")]
+JsonOut = Annotated[bool, typer.Option("--json", help="print what was written and the numbers, as JSON")]
+
 
 def _size(text: str | None) -> tuple[float | None, float | None]:
     """``"8x4.5"`` -> inches; None keeps the picture's own size."""
@@ -116,11 +122,10 @@ def heatmap_command(
     overlay: Annotated[bool, typer.Option("--overlay", help="grey and hatch the cells the mask hides")] = False,
     tokens: Annotated[str | None, typer.Option("--tokens", metavar="A,B,C", help="labels of the Nk keys")] = None,
     out: Annotated[Path | None, typer.Option("--out", metavar="FILE", help="output (default heatmap.png)")] = None,
-    fmt: Annotated[str | None, typer.Option("--format", help="png, svg or html (default: from --out)")] = None,
-    size: Annotated[str | None, typer.Option("--size", metavar="WxH", help="picture size in inches")] = None,
-    dpi: Annotated[float, typer.Option("--dpi", help="pixels per inch")] = 100.0,
-    json_out: Annotated[bool, typer.Option("--json", help="print what was written and the numbers, as JSON")]
-    = False,
+    fmt: Format = None,
+    size: Size = None,
+    dpi: Dpi = 100.0,
+    json_out: JsonOut = False,
 ) -> None:
     """Attention weights as a heatmap: a panel per head, token labels, row sums and entropy per row.
 
@@ -214,11 +219,10 @@ def pe_command(
                                                                           "(default pe_KIND.png)")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out-dir", metavar="DIR", help="write pe_KIND.FORMAT here")]
     = None,
-    fmt: Annotated[str | None, typer.Option("--format", help="png, svg or html (default: from --out)")] = None,
-    size: Annotated[str | None, typer.Option("--size", metavar="WxH", help="picture size in inches")] = None,
-    dpi: Annotated[float, typer.Option("--dpi", help="pixels per inch")] = 100.0,
-    json_out: Annotated[bool, typer.Option("--json", help="print what was written and the numbers, as JSON")]
-    = False,
+    fmt: Format = None,
+    size: Size = None,
+    dpi: Dpi = 100.0,
+    json_out: JsonOut = False,
 ) -> None:
     """Positional encodings as pictures: sinusoidal table and similarity, RoPE angles and the
     relative-position invariance of q·k, ALiBi biases per head."""
