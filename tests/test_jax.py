@@ -2,7 +2,9 @@
 
 NumPy results are themselves checked against the loop oracle elsewhere; a few cases here are
 checked against ``oracle.attention_oracle`` directly too. Gradients: ``jax.grad`` through the
-reference path against ``qkv.attention_backward`` on NumPy.
+reference path against ``qkv.attention_backward`` on NumPy. The flash kernel on JAX arrays is
+checked against itself on NumPy with tiles small enough that the masks have EMPTY, PARTIAL and
+FULL tiles.
 """
 
 import numpy as np
@@ -13,7 +15,10 @@ jnp = pytest.importorskip("jax.numpy")
 
 import oracle as O  # noqa: E402
 import qkv  # noqa: E402
+from helpers import flash_tiles  # noqa: E402
 from qkv import masks, scores  # noqa: E402
+from qkv._core import _call  # noqa: E402
+from qkv._impls import JAX_FLASH_BYTES, auto  # noqa: E402
 from qkv.errors import ArgumentError, DTypeError  # noqa: E402
 
 TOL64 = dict(rtol=1e-12, atol=1e-12)
@@ -204,8 +209,6 @@ def test_mixed_kinds_flash_and_dropout(rng):
         qkv.attention(jq, k, v)
     with pytest.raises(TypeError, match="mixed kinds"):
         qkv.attention(jq, jk, jv, mask=np.ones((6, 9), dtype=bool))
-    with pytest.raises(ArgumentError, match="JAX arrays are immutable"):
-        qkv.attention(jq, jk, jv, impl="flash")
     with pytest.raises(ArgumentError, match="impl='torch'"):
         qkv.attention(jq, jk, jv, impl="torch")
     with pytest.raises(DTypeError, match="PRNG key"):
@@ -231,3 +234,142 @@ def test_other_array_functions_equal_numpy(rng):
               lambda q, k, v, w: approx.linear_attention(q, k, v),
               lambda q, k, v, w: scores.general(q, k, w)):
         assert_jax_equal(f(*J(q, k, v, w)), f(q, k, v, w))
+
+
+# --------------------------------------------------------------------------- the flash kernel
+
+TILES = (4, 8)  # Nq = 16, Nk = 24: 4 x 3 tiles of one shape (eager JAX compiles each op per shape)
+DOC24 = np.repeat([0, 1, 2, 3], [5, 9, 3, 7])
+FLASH_CASES = {
+    "none": dict(),
+    "causal": dict(causal=True),
+    "sliding-window": dict(mask=masks.sliding_window(6)),
+    "document-causal": dict(mask=masks.document(DOC24), causal=True),
+    "padding-empty-rows": dict(mask=masks.padding(np.array([0, 24]), q_lengths=np.array([16, 9]))),
+    "alibi-causal": dict(score_mod=scores.alibi(), causal=True),
+    "softcap-window": dict(score_mod=scores.softcap(1.5), mask=masks.sliding_window(9, causal=False)),
+    "relative-bias": dict(score_mod=scores.relative_bias(np.linspace(-1, 1, 4 * 9).reshape(4, 9), 4), causal=True),
+    "scale": dict(scale=0.3, mask=masks.sliding_window(6)),
+}
+
+
+def flash_inputs(rng):
+    """GQA (H=4 over Hkv=2), Nq=16 != Nk=24, Dv=5 != Dk=8."""
+    return inputs(rng, q_shape=(2, 4, 16, 8), k_shape=(2, 2, 24, 8))
+
+
+def test_flash_cases_have_empty_partial_and_full_tiles():
+    """Every masked case skips EMPTY tiles and evaluates PARTIAL ones; causal and padding also run FULL ones."""
+    for name in ("causal", "sliding-window", "document-causal", "padding-empty-rows"):
+        c = _call(*J(*flash_inputs(np.random.default_rng(0))), FLASH_CASES[name].get("mask"),
+                  FLASH_CASES[name].get("causal", False), None, None)
+        classes = set(np.unique(c.mask.blocks(16, 24, *TILES)).tolist())  # padding: per batch element
+        assert {masks.EMPTY, masks.PARTIAL} <= classes, name
+        assert masks.FULL in classes or name in ("sliding-window", "document-causal"), name
+
+
+@pytest.mark.parametrize("name", list(FLASH_CASES))
+def test_flash_forward_and_backward_equal_numpy(rng, name):
+    """out, weights, lse and attention_backward of impl="flash" on JAX = the same on NumPy (float64)."""
+    kw = FLASH_CASES[name]
+    q, k, v = flash_inputs(rng)
+    with flash_tiles(TILES):
+        want = qkv.attention(q, k, v, impl="flash", return_weights=True, return_lse=True, **kw)
+        got = qkv.attention(*J(q, k, v), impl="flash", return_weights=True, return_lse=True, **kw)
+        for g, w in zip(got, want, strict=True):
+            assert_jax_equal(g, w)
+        dout = rng.standard_normal(want[0].shape)
+        want_g = qkv.attention_backward(dout, q, k, v, want[0], want[2], impl="flash", **kw)
+        got_g = qkv.attention_backward(*J(dout, q, k, v, want[0], want[2]), impl="flash", **kw)
+    for g, w in zip(got_g, want_g, strict=True):
+        assert_jax_equal(g, w)
+        assert np.isfinite(w).all()
+    ref = qkv.attention(q, k, v, impl="reference", return_weights=True, return_lse=True, **kw)
+    for g, w in zip(got, ref, strict=True):  # and the kernel did tile: same numbers as the reference
+        assert_jax_equal(g, w)
+
+
+def test_flash_dense_masks_and_float32(rng):
+    q, k, v = flash_inputs(rng)
+    allowed = rng.random((2, 1, 16, 24)) > 0.4
+    allowed[1, :, 5] = False  # an empty row
+    bias = rng.standard_normal((1, 4, 16, 24))
+    q32, k32, v32 = (x.astype(np.float32) for x in (q, k, v))
+    with flash_tiles(TILES):
+        for mask in (allowed, bias):
+            want = qkv.attention(q, k, v, mask=mask, impl="flash", return_lse=True)
+            got = qkv.attention(*J(q, k, v), mask=jnp.asarray(mask), impl="flash", return_lse=True)
+            for g, w in zip(got, want, strict=True):
+                assert_jax_equal(g, w)
+        want32 = qkv.attention(q32, k32, v32, mask=masks.sliding_window(6), impl="flash", return_lse=True)
+        got32 = qkv.attention(*J(q32, k32, v32), mask=masks.sliding_window(6), impl="flash", return_lse=True)
+    for g, w in zip(got32, want32, strict=True):
+        assert_jax_equal(g, w, TOL32)
+
+
+def test_jax_grad_through_flash(rng):
+    """jax.grad (here under jax.jit) differentiates the tile loop itself: the analytic backward pass, no NaN."""
+    q, k, v = inputs(rng, q_shape=(1, 2, 12, 4), k_shape=(1, 1, 16, 4), dv=4)
+    kw = dict(mask=masks.padding(np.array([8]), q_lengths=np.array([10])), causal=True)  # empty rows 10, 11
+    out, lse = qkv.attention(q, k, v, return_lse=True, **kw)
+    dout = rng.standard_normal(out.shape)
+    want = qkv.attention_backward(dout, q, k, v, out, lse, **kw)
+    with flash_tiles(TILES):
+        classes = (kw["mask"] & masks.causal()).blocks(12, 16, *TILES)
+        assert len(np.unique(classes)) == 3, classes
+        got = jax.jit(jax.grad(lambda q, k, v: jnp.sum(qkv.attention(q, k, v, impl="flash", **kw) * dout),
+                               argnums=(0, 1, 2)))(*J(q, k, v))
+    for g, w in zip(got, want, strict=True):
+        assert_jax_equal(g, w, dict(rtol=1e-10, atol=1e-12))
+
+
+def test_flash_on_jax_skips_empty_tiles_and_never_evaluates_the_mask_on_full_ones(rng):
+    plain = masks.causal()
+    evaluated, scored = [], []
+    counting = masks.Mask(lambda i, j, nq, nk: evaluated.append(i.shape) or plain.allowed(i, j, nq, nk),
+                          "counting-causal", plain.tiles)
+    mod = scores.ScoreMod(lambda xp, s, i, j, nq, nk: scored.append(i.shape) or (s, None), "counting")
+    q, k, v = flash_inputs(rng)
+    classes = plain.blocks(16, 24, *TILES)
+    kept, partial = int((classes != masks.EMPTY).sum()), int((classes == masks.PARTIAL).sum())
+    assert 0 < partial < kept < classes.size
+    with flash_tiles(TILES):
+        out, lse = qkv.attention(*J(q, k, v), mask=counting, score_mod=mod, impl="flash", return_lse=True)
+        assert len(scored) == kept and len([s for s in evaluated if s == (4, 1)]) == partial
+        scored.clear(), evaluated.clear()
+        dout = jnp.ones_like(out)
+        grads = qkv.attention_backward(dout, *J(q, k, v), out, lse, mask=counting, score_mod=mod, impl="flash")
+        assert len(scored) == kept and len([s for s in evaluated if s == (4, 1)]) == partial
+    golden = O.attention_oracle(q, k, v, allowed=O.causal_allowed(16, 24))[0]
+    np.testing.assert_allclose(np.asarray(out), golden, **TOL64)
+    want = qkv.attention_backward(np.ones_like(golden), q, k, v, golden, np.asarray(lse), causal=True)
+    for g, w in zip(grads, want, strict=True):
+        assert_jax_equal(g, w)
+
+
+def _chosen(q, k, v, **kw):
+    return auto(_call(q, k, v, kw.get("mask"), kw.get("causal", False), None, kw.get("score_mod"))).name
+
+
+def test_auto_on_jax_picks_flash_for_large_concrete_problems_only():
+    """Rule J: flash from JAX_FLASH_BYTES of scores (concrete arrays), else the reference."""
+    n = 1024  # (1, H, n, 8): the arrays stay small, the scores are H · 4 MiB in float32
+    big = [jnp.zeros((1, 8, n, 8), jnp.float32)] * 3
+    assert 8 * n * n * 4 >= JAX_FLASH_BYTES > 4 * n * n * 4
+    assert _chosen(*big) == "flash"
+    assert _chosen(*big, mask=masks.sliding_window(64)) == "flash"
+    assert _chosen(*(x[:, :4] for x in big), causal=True) == "reference"
+    assert _chosen(*(jnp.zeros((1, 4, n, 8), jnp.float64),) * 3) == "flash"  # bytes, not entries
+    assert _chosen(*(x.astype(jnp.bfloat16) for x in big)) == "flash"  # scores in float32
+    assert _chosen(*J(*inputs(np.random.default_rng(0))), causal=True) == "reference"
+    picked = []
+
+    def traced(q, k, v):  # under jax.grad and jax.jit the arrays are tracers: the reference path
+        picked.append(_chosen(q, k, v))
+        return jnp.sum(q)
+
+    jax.grad(traced)(*big)
+    jax.jit(traced)(*big)
+    table = jnp.zeros((8, 5))
+    jax.grad(lambda t: picked.append(_chosen(*big, score_mod=scores.relative_bias(t, 2))) or jnp.sum(t))(table)
+    assert picked == ["reference"] * 3

@@ -6,8 +6,9 @@ their arrays was passed in (``array_api_compat`` checks the type without importi
 
 Three kinds are supported: NumPy (the float64 reference), torch, and JAX (``jax.numpy`` is
 itself an array API namespace). JAX arrays are immutable, so the in-place helpers below
-(``add_``, ``exp_sub_``) fall back to their functional forms for them; under ``jax.grad``
-the inputs are tracers, which must never reach NumPy (``as_array`` passes them through).
+(``add_``, ``exp_sub_``, ``set_``, ``iadd_``, ``imul_``) fall back to their functional forms
+for them (``x.at[index].set(value)``); under ``jax.grad`` the inputs are tracers, which must
+never reach NumPy (``as_array`` passes them through).
 """
 
 from typing import Any
@@ -176,3 +177,35 @@ def exp_sub_(x: Array, m: Array) -> Array:
         return array_api_compat.array_namespace(x).exp(x - m)
     np.subtract(x, m, out=x)
     return np.exp(x, out=x)
+
+
+def in_place(x: Array) -> bool:
+    """True when ``x``'s library writes into arrays (NumPy, torch); False for immutable JAX arrays.
+
+    Asked once per call: the ``set_`` / ``iadd_`` / ``imul_`` tile writes then branch on a bool.
+    """
+    return not is_jax(x)
+
+
+def set_(x: Array, index: Any, value: Array, inplace: bool) -> Array:
+    """``x[index] = value``; returns the updated array (``x`` itself unless JAX's ``x.at[index].set``)."""
+    if inplace:
+        x[index] = value
+        return x
+    return x.at[index].set(value)
+
+
+def iadd_(x: Array, index: Any, value: Array, inplace: bool) -> Array:
+    """``x[index] += value``; returns the updated array (``x`` itself unless JAX's ``x.at[index].add``)."""
+    if inplace:
+        x[index] += value
+        return x
+    return x.at[index].add(value)
+
+
+def imul_(x: Array, y: Any, inplace: bool) -> Array:
+    """``x *= y`` (no second buffer) where arrays are mutable, else ``x * y``."""
+    if inplace:
+        x *= y
+        return x
+    return x * y

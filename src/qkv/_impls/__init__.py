@@ -1,7 +1,9 @@
 """The registry of attention implementations and the ``impl="auto"`` choice.
 
-JAX arrays run on ``"reference"`` only (``"auto"`` picks it): the flash kernel writes its
-output tiles in place, which immutable JAX arrays do not allow, and SDPA is torch's.
+JAX arrays run on ``"reference"`` and ``"flash"`` (which writes its tiles with JAX's
+functional ``x.at[rows].set``); SDPA is torch's. ``"auto"`` on JAX arrays (rule J below)
+picks flash only where it measured faster: each eager JAX op costs a dispatch, so the tile
+loop loses to the reference's few large ops until the score matrix reaches tens of MiB.
 
 Each ``Impl`` says whether it can give the contract's exact semantics for a call
 (``supports`` returns None, or the reason it cannot), and provides ``forward`` and
@@ -19,13 +21,20 @@ Each ``Impl`` says whether it can give the contract's exact semantics for a call
        tiles (or SDPA cannot run it)                                           -> "flash"
     4. SDPA supports the call (dense work, explicit mask)                      -> "torch"
     5. otherwise                                                               -> "reference"
+
+    J. JAX arrays (instead of 0-5): none traced by ``jax.grad`` / ``jax.jit`` (differentiating
+       the tile loop op by op ran 1.4x slower than the reference's gradient at N = 2048 causal,
+       and saves every tile anyway), the flash kernel supports the call and the score matrix
+       holds at least JAX_FLASH_BYTES (measured, see its docstring)             -> "flash"
+       otherwise                                                               -> "reference"
 """
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .. import masks
-from .._backend import is_jax
+from .._backend import HALF, dtype_name, is_jax
 from .._typing import Array, Result
 from ..errors import ArgumentError
 from . import flash, reference, torch_sdpa
@@ -40,16 +49,10 @@ class Impl(NamedTuple):
     backward: Callable[[Array, Call, Array, Array], Any]
 
 
-def _flash_supports(c: Call) -> str | None:
-    if is_jax(c.q):
-        return "the flash kernel writes its output tiles in place and JAX arrays are immutable"
-    return flash.supports(c)
-
-
 IMPLS: dict[str, Impl] = {
     "reference": Impl("reference", lambda c: None, reference.forward, reference.backward),
     "torch": Impl("torch", torch_sdpa.supports, torch_sdpa.forward, torch_sdpa.backward),
-    "flash": Impl("flash", _flash_supports, with_autograd(flash.forward, flash.backward), flash.backward),
+    "flash": Impl("flash", flash.supports, with_autograd(flash.forward, flash.backward), flash.backward),
 }
 SMALL = 256 * 256
 """Below this many score entries per head the reference impl beats the tiled one (BENCHMARKS.md)."""
@@ -62,11 +65,33 @@ def _kept_fraction(c: Call) -> float:
     return float((classes != 0).mean())
 
 
+JAX_FLASH_BYTES = 32 * 2**20
+"""From this many bytes of scores (B·H·Nq·Nk in the compute dtype) the flash kernel beats the
+reference on eager JAX arrays: float32 (1, 4, N, 64) causal, flash / reference time 3.7 at
+N = 1024 (16 MiB), 0.59 at N = 1536 (36 MiB), 0.62 at N = 2048; (1, 8, 1024, 64) 0.66."""
+
+
+def _traced(c: Call) -> bool:
+    import jax  # only reached with JAX arrays in hand
+
+    arrays = (c.q, c.k, c.v, c.bias, *(c.score_mod.tensors if c.score_mod is not None else ()))
+    return any(isinstance(x, jax.core.Tracer) for x in arrays)
+
+
+def _auto_jax(c: Call) -> Impl:
+    """Rule J of the decision table."""
+    d = c.dims
+    score_bytes = math.prod(d.score_shape) * (4 if dtype_name(c.q) in HALF else c.q.dtype.itemsize)
+    if score_bytes >= JAX_FLASH_BYTES and IMPLS["flash"].supports(c) is None and not _traced(c):
+        return IMPLS["flash"]
+    return IMPLS["reference"]
+
+
 def auto(c: Call) -> Impl:
     """The fastest exact impl for ``c`` (decision table in the module docstring)."""
     d = c.dims
     if is_jax(c.q):
-        return IMPLS["reference"]
+        return _auto_jax(c)
     sdpa = IMPLS["torch"].supports(c) is None
     if d.grouped and d.nq <= 16 and IMPLS["flash"].supports(c) is None:
         return IMPLS["flash"]

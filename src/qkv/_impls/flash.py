@@ -11,6 +11,10 @@ saved ``lse`` (``A = exp(S - lse)``) and skips the same tiles.
 All batch and head axes go through each tile's matmul at once, so the Python loop runs over
 tiles only; grouped heads stack each kv head's query heads along the rows
 (``(*B, Hkv, H/Hkv · bq, D)``), so K and V are never copied.
+
+Output rows and gradient blocks are written into preallocated arrays through ``set_`` /
+``iadd_`` (``_backend``): in place for NumPy and torch, ``x.at[rows].set`` for immutable JAX
+arrays; which of the two is decided once per call.
 """
 
 import math
@@ -19,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .. import masks
-from .._backend import add_, compute_dtype, device, exp_sub_, from_numpy, namespace
+from .._backend import add_, compute_dtype, device, exp_sub_, from_numpy, iadd_, imul_, in_place, namespace, set_
 from .._typing import Array, Result
 from ._call import Call
 from .reference import cast, group_q, ungroup
@@ -155,6 +159,7 @@ def forward(c: Call, block_q: int | None = None, block_k: int | None = None) -> 
     classes = tile_classes(c, block_q, block_k)
     kblocks = _blocks(d.nk, block_k)
     lead = d.score_shape[:-2]
+    inplace = in_place(c.q)  # False for JAX: row blocks written by out.at[rows].set
     out = xp.empty((*lead, d.nq, d.dv), dtype=c.q.dtype, device=device(c.q))
     lse = xp.empty((*lead, d.nq), dtype=ct, device=device(c.q))
     for bi, (q0, q1) in enumerate(_blocks(d.nq, block_q)):
@@ -178,8 +183,10 @@ def forward(c: Call, block_q: int | None = None, block_k: int | None = None) -> 
         nonempty = l > 0
         safe_l = xp.where(nonempty, l, xp.ones_like(l))
         m_safe = xp.where(xp.isfinite(m), m, xp.zeros_like(m))
-        out[..., q0:q1, :] = cast(xp, acc / safe_l, c.q.dtype)  # written in place: no list to concatenate
-        lse[..., q0:q1] = xp.where(nonempty, xp.log(safe_l) + m_safe, xp.full_like(l, -float("inf")))[..., 0]
+        # written in place (NumPy, torch): no list to concatenate
+        out = set_(out, (..., slice(q0, q1), slice(None)), cast(xp, acc / safe_l, c.q.dtype), inplace)
+        lse = set_(lse, (..., slice(q0, q1)),
+                   xp.where(nonempty, xp.log(safe_l) + m_safe, xp.full_like(l, -float("inf")))[..., 0], inplace)
     weights = _weights(xp, c, lse, tiles, classes, block_q, block_k) if c.want_weights else None
     return Result(out, weights, lse)
 
@@ -225,6 +232,7 @@ def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = 
     vg = c.v
     lead = d.score_shape[:-2]
     kv_lead = (*lead[:-1], d.hkv) if d.grouped else lead
+    inplace = in_place(c.q)
     dq = xp.zeros((*lead, d.nq, d.dk), dtype=ct)
     dk = xp.zeros((*kv_lead, d.nk, d.dk), dtype=ct)
     dv = xp.zeros((*kv_lead, d.nk, d.dv), dtype=ct)
@@ -246,16 +254,17 @@ def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = 
             vb, kb = vg[..., k0:k1, :], tiles.kg[..., k0:k1, :]
             if vb.dtype != ct:
                 vb, kb = xp.astype(vb, ct), xp.astype(kb, ct)
-            dv[..., k0:k1, :] += group_q(xp, a, d).mT @ dog
+            rows = (..., slice(k0, k1), slice(None))
+            dv = iadd_(dv, rows, group_q(xp, a, d).mT @ dog, inplace)
             ds = a * (ungroup(xp, dog @ vb.mT, d) - db)
             if grad is not None:
                 ds = ds * grad
             dq_acc = dq_acc + ungroup(xp, group_q(xp, ds, d) @ kb, d)
-            dk[..., k0:k1, :] += group_q(xp, ds, d).mT @ qb
+            dk = iadd_(dk, rows, group_q(xp, ds, d).mT @ qb, inplace)
             del s, a, ds, grad  # free this tile's arrays before the next tile's
-        dq[..., q0:q1, :] = dq_acc
-    dq *= c.scale  # in place: no second N x D buffer
-    dk *= c.scale
+        dq = set_(dq, (..., slice(q0, q1), slice(None)), dq_acc, inplace)
+    dq = imul_(dq, c.scale, inplace)  # in place: no second N x D buffer
+    dk = imul_(dk, c.scale, inplace)
     return tuple(
         cast(xp, unbroadcast(xp, g, tuple(x.shape)), x.dtype) for g, x in ((dq, c.q), (dk, c.k), (dv, c.v))
     )
