@@ -164,6 +164,36 @@ def test_empty_row_gives_zero_gradients_through_torch_autograd(impl_name, rng):
     assert (q.grad[..., 1, :] == 0).all()
 
 
+@pytest.mark.parametrize(("nq", "nk"), [(0, 4), (3, 0), (0, 0)])
+def test_no_queries_or_no_keys_give_zeros_and_minus_inf(impl, rng, nq, nk):
+    q, k, v = make_qkv(rng, (2, 4, nq, 3), (2, 2, nk, 3), (2, 2, nk, 5))  # GQA, Dv != Dk
+    res = impl.attention(q, k, v)
+    assert tuple(res.out.shape) == (2, 4, nq, 5) and (np.asarray(res.out) == 0).all()
+    if res.weights is not None:
+        assert tuple(res.weights.shape) == (2, 4, nq, nk)
+    if res.lse is not None:
+        assert tuple(res.lse.shape) == (2, 4, nq) and np.isneginf(np.asarray(res.lse)).all()
+
+
+@needs_torch
+@pytest.mark.parametrize("impl_name", ["reference", "flash", "torch", "auto"])
+@pytest.mark.parametrize(("nq", "nk"), [(0, 4), (3, 0)])
+def test_no_queries_or_no_keys_give_zero_gradients_through_torch_autograd(impl_name, nq, nk, rng):
+    import torch
+
+    q, k, v = (torch.tensor(a, requires_grad=True) for a in make_qkv(rng, (2, 4, nq, 3), (2, 2, nk, 3)))
+    if impl_name == "torch":  # SDPA gives no lse
+        out = qkv.attention(q, k, v, impl=impl_name)
+        loss = out.sum()
+    else:
+        out, lse = qkv.attention(q, k, v, impl=impl_name, return_lse=True)
+        loss = out.sum() + lse.exp().sum()
+    assert out.requires_grad and out.grad_fn is not None  # part of the graph, not a detached constant
+    loss.backward()
+    for x in (q, k, v):
+        assert x.grad is not None and x.grad.shape == x.shape and (x.grad == 0).all()
+
+
 def _half_case(rng):
     # Many keys, so that float16 accumulation would visibly lose accuracy.
     return make_qkv(rng, (1, 2, 16, 64), (1, 2, 512, 64), (1, 2, 512, 32))

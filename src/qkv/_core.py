@@ -11,6 +11,7 @@ from . import masks
 from ._backend import as_array, compute_dtype, device, is_bool, is_floating, namespace
 from ._checks import check_covers, check_dropout, check_qkv, check_scale
 from ._impls import Call, choose
+from ._impls._autograd import with_autograd
 from ._typing import Array, Result
 from .errors import DTypeError, MaskError, ShapeError
 from .masks import Mask
@@ -70,6 +71,20 @@ def _no_keys_or_queries(c: Call) -> Result:
     return Result(out, weights, lse)
 
 
+def _no_gradients(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = None) -> tuple[Array, ...]:
+    xp = namespace(q=c.q)
+    return tuple(xp.zeros_like(x) for x in (c.q, c.k, c.v))
+
+
+_no_keys_or_queries_autograd = with_autograd(_no_keys_or_queries, _no_gradients)
+
+
+def _empty(c: Call) -> Result:
+    """``_no_keys_or_queries`` as one autograd node for torch (zero gradients, not a detached result)."""
+    res = _no_keys_or_queries_autograd(c)
+    return res if res.weights is not None else res._replace(weights=_no_keys_or_queries(c).weights)
+
+
 @overload
 def attention(q: Array, k: Array, v: Array, *, mask: Any = ..., causal: bool = ..., scale: float | None = ...,
               score_mod: ScoreMod | None = ..., dropout: float = ..., rng: Any = ..., impl: str = ...,
@@ -104,7 +119,7 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None, d
     """
     c = _call(q, k, v, mask, causal, scale, score_mod, dropout, rng, return_weights, return_lse)
     chosen = choose(impl, c)
-    res = _no_keys_or_queries(c) if c.dims.nq * c.dims.nk == 0 else chosen.forward(c)
+    res = _empty(c) if c.dims.nq * c.dims.nk == 0 else chosen.forward(c)
     picked = [res.out]
     if return_weights:
         picked.append(res.weights)
