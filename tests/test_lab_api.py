@@ -422,3 +422,143 @@ def test_lab_on_a_busy_port_fails_with_one_line():
                            timeout=60)
     assert p.returncode == 1
     assert f"error: cannot serve at http://127.0.0.1:{port}/" in p.stderr and "--port 0" in p.stderr
+
+
+# --------------------------------------------------------------------------- found by fuzzing (schemathesis + by hand)
+
+
+def strict_json(text):
+    """``json.loads`` that refuses NaN / Infinity, like the browser's ``JSON.parse``."""
+    def refuse(token):
+        raise AssertionError(f"non-strict JSON token {token} in {text[:200]}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_refusals_are_declared_in_the_openapi_schema(client):
+    spec = client.get("/api/openapi.json").json()
+    declared = spec["paths"]["/api/heatmap"]["post"]["responses"]["422"]["content"]["application/json"]["schema"]
+    assert declared["$ref"].endswith("/Refusal")
+    detail = spec["components"]["schemas"]["Refusal"]["properties"]["detail"]
+    assert {"type": "string"} in detail["anyOf"]  # a handler's refusal: detail is the message itself
+    assert "409" in spec["paths"]["/api/train/start"]["post"]["responses"]
+    assert "404" in spec["paths"]["/api/train/stop"]["post"]["responses"]
+
+
+@pytest.mark.parametrize("path", ["/api/explain", "/api/heatmap", "/api/complexity"])
+@pytest.mark.parametrize("mask, params", [
+    ("longformer", {"global_tokens": []}),  # IndexError in qkv.masks
+    ("bigbird", {"seed": -1}),  # NumPy's ValueError for a negative seed
+    ("bigbird", {"block": 2**64}),  # OverflowError
+    ("dilated", {"dilation": 2**64}),
+    ("causal", {"offset": 10**30}),  # OverflowError inside qkv.attention
+])
+def test_mask_parameters_that_break_numpy_are_refused_naming_the_mask(client, path, mask, params):
+    message = refused(client.post(path, json={"mask": mask, "mask_params": params}))
+    assert f"mask {mask!r}" in message and next(iter(params)) in message
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/api/explain", {"q": [[1e308]], "k": [[1e308]], "v": [[1.0]]}),
+    ("/api/explain", {"q": [[1e200]], "k": [[1e200]], "v": [[1.0]], "grad": True}),
+    ("/api/heatmap", {"scale": 1e308}),
+    ("/api/heatmap", {"temperature": 1e-320}),
+])
+def test_scores_that_overflow_are_refused_not_nan(client, path, body):
+    assert "overflow" in refused(client.post(path, json=body))
+
+
+def test_extreme_but_representable_numbers_are_answered_in_strict_json(client):
+    for body in [{"q": [[1e-320]], "k": [[1e-320]], "v": [[-0.0]]}, {"q": [[-1e308]], "k": [[1e308]], "v": [[1e308]]},
+                 {"q": [[1.0]], "k": [[1.0]], "v": [[1.0]], "scale": 1e308, "grad": True}]:
+        r = client.post("/api/explain", json=body)
+        assert r.status_code == 200, r.text
+        strict_json(r.text)
+    r = client.post("/api/heatmap", json={"scale": 1e-320, "n_q": 1, "d": 1, "heads": 1})
+    assert r.status_code == 200 and strict_json(r.text)["weights"] == [[[1.0]]]
+
+
+def test_body_too_deeply_nested_is_refused_with_a_message(client):
+    deep = '{"q":' + "[" * 5000 + "]" * 5000 + "}"
+    refused(client.post("/api/explain", content=deep, headers={"content-type": "application/json"}), 400)
+
+
+def test_complexity_with_bigbird_has_its_own_limit(client):
+    limit = client.get("/api/limits").json()["max_complexity_n_bigbird"]
+    t = time.perf_counter()
+    message = refused(client.post("/api/complexity", json={"n": limit * 2, "mask": "bigbird"}))
+    assert str(limit) in message and "bigbird" in message and time.perf_counter() - t < 1.0
+    r = client.post("/api/complexity", json={"n": 64, "mask": "bigbird"})
+    assert r.status_code == 200 and max(p["n"] for p in r.json()["series"]) <= limit
+
+
+def _finished_run(client, name, target):
+    from qkv.lab.schemas import TrainRequest
+
+    run = client.app.state.training.start(name, TrainRequest(steps=2, pos="sinusoidal"), target=target)
+    run.thread.join(10)
+    assert run.finished
+    return run
+
+
+def test_events_past_the_end_of_a_finished_run_end_the_stream(client):
+    import threading
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no training here")
+
+    _finished_run(client, "fuzz-past-end", broken)
+    answers = []
+    reader = threading.Thread(target=lambda: answers.append(
+        client.get("/api/train/events?client=fuzz-past-end&since=1000")), daemon=True)
+    reader.start()
+    reader.join(5)
+    assert answers and answers[0].status_code == 200, "the stream of a finished run never ended"
+    assert "data:" not in answers[0].text
+
+
+def test_a_diverged_run_is_reported_in_strict_json(client):
+    from types import SimpleNamespace
+
+    def diverging(task, steps, callback, **kwargs):
+        callback({"step": 1, "loss": float("nan"), "accuracy": 0.5, "attention": [np.full((1, 2, 2), np.nan)]})
+        return SimpleNamespace(loss=[float("nan")], model=None, probe=None, eval_accuracy=float("nan"),
+                               eval_exact=0.0)
+
+    _finished_run(client, "fuzz-nan", diverging)
+    history = strict_json(client.get("/api/train/history?client=fuzz-nan").text)
+    assert history["status"] == "done" and history["loss"] == [None] and history["end"]["eval_accuracy"] is None
+    assert history["attention"][0]["weights"] == [[[[None, None], [None, None]]]]  # (layers, H, T, T)
+    for line in client.get("/api/train/events?client=fuzz-nan").text.splitlines():
+        if line.startswith("data: "):
+            strict_json(line[6:])
+
+
+def test_random_bodies_are_answered_200_or_422_in_strict_json(client):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    number = st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers(-3, 40), st.just(1e308),
+                       st.just(5e-324), st.booleans(), st.text(max_size=3), st.none())
+    matrix = st.one_of(st.lists(st.lists(number, max_size=3), max_size=3), number)
+    params = st.dictionaries(st.sampled_from(["window", "causal", "offset", "seed", "block", "global_tokens",
+                                              "doc_lengths", "n_docs", "prefix", "bogus"]),
+                             st.one_of(number, st.lists(st.integers(-2, 20), max_size=3)), max_size=2)
+    common = {"mask": st.one_of(st.sampled_from(MASK_KINDS), st.text(max_size=4)), "mask_params": params,
+              "scale": number, "extra": number}
+    explain = st.fixed_dictionaries({}, optional={**common, "q": matrix, "k": matrix, "v": matrix,
+                                                  "causal": number, "grad": number})
+    heatmap = st.fixed_dictionaries({}, optional={**common, "n_q": number, "n_k": number, "d": number,
+                                                  "heads": number, "seed": number, "temperature": number})
+    body = st.one_of(st.tuples(st.just("/api/explain"), explain), st.tuples(st.just("/api/heatmap"), heatmap))
+
+    @settings(max_examples=150, derandomize=True, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(body)
+    def check(case):
+        path, payload = case
+        r = client.post(path, content=json.dumps(payload), headers={"content-type": "application/json"})
+        assert r.status_code in (200, 422), (path, payload, r.status_code, r.text[:300])
+        answer = strict_json(r.text)
+        assert r.status_code == 200 or answer["message"]
+
+    check()

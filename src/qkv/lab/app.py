@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException
 
 from .._version import __version__
 from ..errors import QKVError
@@ -62,6 +63,13 @@ def create_app(max_n: int = 128, *, limits: Limits | None = None, max_steps: int
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
         return JSONResponse({"detail": errors, "message": _validation_message(errors)}, status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        # FastAPI's own refusals (a body it cannot parse, e.g. nested too deep: 400; an unknown path)
+        message = str(exc.detail)
+        return JSONResponse({"detail": message, "message": message}, status_code=exc.status_code,
+                            headers=exc.headers)
 
     @app.exception_handler(LabError)
     async def _refused(request: Request, exc: LabError) -> JSONResponse:

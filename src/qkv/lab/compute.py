@@ -5,6 +5,8 @@ Every number comes from qkv (``qkv.explain``, ``qkv.attention``, ``qkv.diagnosti
 limits and shape the answer for the browser. No FastAPI here: testable without a socket.
 """
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -13,6 +15,7 @@ import qkv
 
 from .. import diagnostics, positional, scores
 from .._mask_spec import MASK_KINDS, MASK_PARAMS, build_mask
+from ..errors import QKVError
 from .schemas import ExplainRequest, HeatmapRequest, LabError, Limits, PositionalRequest
 
 DIGITS = 7  # significant digits sent to the browser: far below what a colour or a printed cell shows
@@ -33,6 +36,24 @@ def _at_most(value: int, limit: int, what: str, option: str = "") -> None:
     if value > limit:
         hint = f" (start the lab with a larger {option} to allow more)" if option else ""
         raise LabError(f"{what} is {value}, above the lab's limit of {limit}{hint}")
+
+
+@contextlib.contextmanager
+def mask_errors(kind: str, params: dict[str, Any]) -> Iterator[None]:
+    """Turn what a mask's parameters can make qkv's mask code raise besides its own typed errors
+    (NumPy's ``ValueError`` for a negative seed, ``IndexError`` for an empty list, ``OverflowError``
+    for an integer past 64 bits) into a 422 naming the mask; the qkv errors pass through."""
+    try:
+        yield
+    except QKVError:
+        raise
+    except (ValueError, TypeError, IndexError, OverflowError) as e:
+        shown = ", ".join(f"{k}={v!r}"[:80] for k, v in params.items()) or "no parameters"
+        raise LabError(f"mask {kind!r} cannot be built with {shown}: {type(e).__name__}: {e}"[:400]) from None
+
+
+def _overflowed(what: str, fix: str) -> LabError:
+    return LabError(f"{what} overflow float64 (the weights would be NaN): {fix}")
 
 
 def mask_kinds() -> dict[str, Any]:
@@ -58,8 +79,13 @@ def explain(req: ExplainRequest, limits: Limits) -> dict[str, Any]:
             _at_most(a.shape[1], limits.max_d, f"the number of columns (features) of {name}")
     n_q = 2 if arrays[0] is None else arrays[0].shape[0]
     n_k = 3 if arrays[1] is None else arrays[1].shape[0]
-    mask = build_mask(req.mask, n_q, n_k, **req.mask_params)
-    trace = qkv.explain(*arrays, mask=mask, causal=req.causal, scale=req.scale, grad=req.grad)
+    with mask_errors(req.mask, req.mask_params), np.errstate(all="ignore"):
+        mask = build_mask(req.mask, n_q, n_k, **req.mask_params)
+        trace = qkv.explain(*arrays, mask=mask, causal=req.causal, scale=req.scale, grad=req.grad)
+    # NaN is never a meaningful value of a step (−∞ is: a hidden key); it comes from scores that overflow
+    if any(np.isnan(np.asarray(step.value, dtype=np.float64)).any() for step in trace):
+        raise _overflowed("the scores Q Kᵀ · scale (or their gradients)", "use smaller numbers in q and k, or a "
+                          "smaller scale")
     return trace.to_dict()
 
 
@@ -75,10 +101,15 @@ def heatmap(req: HeatmapRequest, limits: Limits) -> dict[str, Any]:
     q = rng.standard_normal((req.heads, n_q, req.d))
     k = rng.standard_normal((req.heads, n_k, req.d))
     v = rng.standard_normal((req.heads, n_k, req.d))
-    mask = build_mask(req.mask, n_q, n_k, **req.mask_params)
     mod = None if req.temperature == 1.0 else scores.temperature(req.temperature)
-    _, w = qkv.attention(q, k, v, mask=mask, scale=req.scale, score_mod=mod, impl="reference", return_weights=True)
-    dense = None if mask is None else np.broadcast_to(mask.dense(n_q, n_k), (n_q, n_k))
+    with mask_errors(req.mask, req.mask_params), np.errstate(all="ignore"):
+        mask = build_mask(req.mask, n_q, n_k, **req.mask_params)
+        _, w = qkv.attention(q, k, v, mask=mask, scale=req.scale, score_mod=mod, impl="reference",
+                             return_weights=True)
+        dense = None if mask is None else np.broadcast_to(mask.dense(n_q, n_k), (n_q, n_k))
+    if np.isnan(w).any():
+        raise _overflowed(f"the scores (scale={req.scale}, temperature={req.temperature})",
+                          "use a smaller scale or a larger temperature")
     ent = diagnostics.entropy(w, mask=dense)
     return {
         "n_q": n_q, "n_k": n_k, "d": req.d, "heads": req.heads, "seed": req.seed,

@@ -15,6 +15,7 @@ import qkv
 
 from .. import complexity
 from .._mask_spec import build_mask
+from .compute import mask_errors
 from .schemas import ComplexityRequest, LabError, Limits
 
 _MEASURING = threading.Lock()
@@ -22,9 +23,11 @@ _MEASURING = threading.Lock()
 
 def _estimate(req: ComplexityRequest, n: int, n_k: int | None = None) -> complexity.Estimate:
     nk = n if n_k is None else n_k
-    mask = build_mask(req.mask, n, nk, **req.mask_params)
-    return complexity.estimate(n, nk, d_k=req.d, d_v=req.d_v, heads=req.heads, kv_heads=req.kv_heads,
-                               batch=req.batch, dtype=req.dtype, impl=req.impl, mask=mask, backward=req.backward)
+    with mask_errors(req.mask, req.mask_params):
+        mask = build_mask(req.mask, n, nk, **req.mask_params)
+        return complexity.estimate(n, nk, d_k=req.d, d_v=req.d_v, heads=req.heads, kv_heads=req.kv_heads,
+                                   batch=req.batch, dtype=req.dtype, impl=req.impl, mask=mask,
+                                   backward=req.backward)
 
 
 def _sizes(n: int, limit: int) -> list[int]:
@@ -41,11 +44,16 @@ def estimate(req: ComplexityRequest, limits: Limits) -> dict[str, Any]:
         if value is not None and value > limits.max_complexity_n:
             raise LabError(f"{name} is {value}, above the lab's limit of {limits.max_complexity_n} for the "
                            "calculator (use `qkv complexity` on the command line for larger sizes)")
+        # qkv counts BigBird's random blocks over the whole (Nq, Nk) grid: seconds at 8192, minutes at 65536
+        if req.mask == "bigbird" and value is not None and value > limits.max_complexity_n_bigbird:
+            raise LabError(f"{name} is {value}, above the lab's limit of {limits.max_complexity_n_bigbird} for the "
+                           "calculator with the bigbird mask (counting its random blocks grows as N²)")
+    top = limits.max_complexity_n_bigbird if req.mask == "bigbird" else limits.max_complexity_n
     one = _estimate(req, req.n, req.n_k)
     ratio = 1.0 if req.n_k is None else req.n_k / req.n
     series = []
-    for n in _sizes(req.n, limits.max_complexity_n):
-        n_k = max(1, min(limits.max_complexity_n, round(n * ratio)))
+    for n in _sizes(req.n, top):
+        n_k = max(1, min(top, round(n * ratio)))
         e = one if n == req.n else _estimate(req, n, None if req.n_k is None else n_k)
         series.append({"n": n, "flops": e.flops, "score_bytes": e.score_bytes, "peak_bytes": e.peak_bytes,
                        "kv_cache_bytes": e.kv_cache_bytes})
@@ -83,7 +91,8 @@ def measure(req: ComplexityRequest, limits: Limits) -> dict[str, Any]:
             import torch  # noqa: F401
         except ImportError:
             raise LabError("measuring impl='torch', bfloat16 or the backward pass needs PyTorch") from None
-    mask = build_mask(req.mask, req.n, n_k, **req.mask_params)
+    with mask_errors(req.mask, req.mask_params):
+        mask = build_mask(req.mask, req.n, n_k, **req.mask_params)
     with _MEASURING:
         q, k, v = _inputs(req, n_k, torch_inputs)
         if req.backward:

@@ -23,6 +23,7 @@ from .schemas import (
     LabError,
     Limits,
     PositionalRequest,
+    Refusal,
     TrainRequest,
 )
 from .training import TrainingManager
@@ -31,6 +32,9 @@ COOKIE = "qkv_lab_client"
 POLL = 0.05  # seconds between looks at a run's events (and at the client's connection)
 
 ClientParam = Annotated[str | None, Query(alias="client", max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+_INVALID: dict[int | str, dict[str, Any]] = {422: {"model": Refusal, "description": "Invalid request or above a limit"}}
+_BUSY: dict[int | str, dict[str, Any]] = {409: {"model": Refusal, "description": "A run is already going"}}
+_UNKNOWN: dict[int | str, dict[str, Any]] = {404: {"model": Refusal, "description": "No such client or run"}}
 ClientCookie = Annotated[str | None, Cookie(alias=COOKIE, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 
 
@@ -66,17 +70,17 @@ def build_router(limits: Limits, manager: TrainingManager) -> APIRouter:
         """Mask kinds and their parameters (``qkv._mask_spec``)."""
         return compute.mask_kinds()
 
-    @api.post("/explain")
+    @api.post("/explain", responses=_INVALID)
     def post_explain(req: ExplainRequest) -> dict[str, Any]:
         """``qkv.explain(q, k, v, ...).to_dict()``."""
         return compute.explain(req, limits)
 
-    @api.post("/heatmap")
+    @api.post("/heatmap", responses=_INVALID)
     def post_heatmap(req: HeatmapRequest) -> dict[str, Any]:
         """Attention weights, mask, row sums and entropy of every head."""
         return compute.heatmap(req, limits)
 
-    @api.post("/positional")
+    @api.post("/positional", responses={**_INVALID, **_BUSY})
     def post_positional(req: PositionalRequest, response: Response, client: ClientParam = None,
                         cookie: ClientCookie = None) -> dict[str, Any]:
         """A positional encoding's table and similarity (ALiBi: biases per head)."""
@@ -85,17 +89,17 @@ def build_router(limits: Limits, manager: TrainingManager) -> APIRouter:
             learned = manager.learned_table(client_id(response, client, cookie))
         return compute.positional_view(req, limits, learned)
 
-    @api.post("/complexity")
+    @api.post("/complexity", responses=_INVALID)
     def post_complexity(req: ComplexityRequest) -> dict[str, Any]:
         """``qkv.complexity.estimate`` for the call and over N."""
         return costs.estimate(req, limits)
 
-    @api.post("/complexity/measure")
+    @api.post("/complexity/measure", responses=_INVALID)
     def post_measure(req: ComplexityRequest) -> dict[str, Any]:
         """Time the call (small sizes only)."""
         return costs.measure(req, limits)
 
-    @api.post("/train/start")
+    @api.post("/train/start", responses={**_INVALID, **_BUSY})
     def post_train_start(req: TrainRequest, response: Response, client: ClientParam = None,
                          cookie: ClientCookie = None) -> dict[str, Any]:
         """Start a training run for this client (409 if one is going)."""
@@ -103,7 +107,7 @@ def build_router(limits: Limits, manager: TrainingManager) -> APIRouter:
         run = manager.start(name, req)
         return {"run": run.id, "client": name, "status": run.status, "events": f"/api/train/events?client={name}"}
 
-    @api.post("/train/stop")
+    @api.post("/train/stop", responses={**_INVALID, **_UNKNOWN})
     def post_train_stop(client: ClientParam = None, cookie: ClientCookie = None) -> dict[str, Any]:
         """Ask this client's run to stop (it ends after the current step)."""
         run = manager.stop(_known_client(client, cookie))
@@ -111,7 +115,7 @@ def build_router(limits: Limits, manager: TrainingManager) -> APIRouter:
             raise LabError("this client has no training run to stop", status=404)
         return {"run": run.id, "status": run.status, "stopping": not run.finished}
 
-    @api.get("/train/history")
+    @api.get("/train/history", responses=_INVALID)
     def get_train_history(client: ClientParam = None, cookie: ClientCookie = None) -> dict[str, Any]:
         """Everything this client's latest run recorded (for the scrubber); ``{"status": "none"}``
         when it has none yet."""
@@ -119,7 +123,7 @@ def build_router(limits: Limits, manager: TrainingManager) -> APIRouter:
         run = None if name is None else manager.get(name)
         return {"run": None, "status": "none"} if run is None else run.summary()
 
-    @api.get("/train/events")
+    @api.get("/train/events", responses={**_INVALID, **_UNKNOWN})
     async def get_train_events(request: Request, client: ClientParam = None, cookie: ClientCookie = None,
                                since: Annotated[int, Query(ge=0)] = 0,
                                last_event_id: Annotated[str | None, Header()] = None) -> StreamingResponse:
@@ -142,6 +146,9 @@ def build_router(limits: Limits, manager: TrainingManager) -> APIRouter:
                         if event["type"] in ("done", "stopped", "error"):
                             ended = True
                             return
+                    if run.finished and index >= len(run.events_since(0)):
+                        ended = True  # asked for events past the end of a run that is over
+                        return
                     if await request.is_disconnected():
                         return
                     await asyncio.sleep(POLL)

@@ -25,13 +25,15 @@ POS = ("rope", "alibi", "sinusoidal", "learned")
 @dataclass(frozen=True)
 class Limits:
     """Sizes the lab accepts: ``max_n`` positions on the Explain, Heatmap and Positional pages,
-    ``max_complexity_n`` for the calculator, ``measure_flops`` / ``measure_bytes`` for the
+    ``max_complexity_n`` for the calculator
+    (``max_complexity_n_bigbird`` with the bigbird mask), ``measure_flops`` / ``measure_bytes`` for the
     measure button (about a second on a laptop core), ``max_steps`` for training."""
 
     max_n: int = 128
     max_d: int = 256
     max_heads: int = 16
     max_complexity_n: int = 1 << 16
+    max_complexity_n_bigbird: int = 1 << 13
     measure_max_n: int = 4096
     measure_flops: float = 4e9
     measure_bytes: float = 512e6
@@ -45,6 +47,22 @@ class LabError(Exception):
     def __init__(self, message: str, status: int = 422) -> None:
         super().__init__(message)
         self.message, self.status = message, status
+
+
+class FieldProblem(BaseModel):
+    """One problem of a request pydantic found: where (``loc``), what (``msg``), its ``type``."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class Refusal(BaseModel):
+    """The body of every 4xx the lab answers: ``message`` is one readable line; ``detail`` is the
+    list of field problems (request validation) or the same line (a refusal by a handler)."""
+
+    detail: list[FieldProblem] | str
+    message: str
 
 
 class _Body(BaseModel):

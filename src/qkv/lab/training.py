@@ -66,7 +66,18 @@ class Run:
 
 
 def _maps(weights: list[np.ndarray]) -> list[Any]:
-    return [np.round(w.astype(np.float64), DIGITS).tolist() for w in weights]
+    """The maps to ``DIGITS`` decimals, NaN / ±inf (a diverged run) as ``None``: strict JSON."""
+    out = []
+    for w in weights:
+        a = np.round(w.astype(np.float64), DIGITS).astype(object)
+        a[~np.isfinite(w.astype(np.float64))] = None
+        out.append(a.tolist())
+    return out
+
+
+def _finite(x: Any) -> float | None:
+    """A loss or an accuracy as a JSON number; ``None`` when a diverged run made it NaN or ±inf."""
+    return float(x) if x is not None and np.isfinite(x) else None
 
 
 class TrainingManager:
@@ -141,8 +152,8 @@ class TrainingManager:
             every = req.record_every or max(1, req.steps // 25)
 
             def callback(info: dict[str, Any]) -> bool:
-                event: dict[str, Any] = {"type": "step", "step": info["step"], "loss": info["loss"],
-                                         "accuracy": info["accuracy"]}
+                event: dict[str, Any] = {"type": "step", "step": info["step"], "loss": _finite(info["loss"]),
+                                         "accuracy": _finite(info["accuracy"])}
                 if "attention" in info:
                     event["attention"] = _maps(info["attention"])
                 run.emit(event)
@@ -161,6 +172,6 @@ class TrainingManager:
                     self._learned[run.client] = model.pe.weight.detach().double().numpy().copy()
             run.emit({"type": "stopped" if run.stop_requested.is_set() else "done",
                       "steps": len(history.loss), "probe": None if history.probe is None else history.probe.tolist(),
-                      "eval_accuracy": history.eval_accuracy, "eval_exact": history.eval_exact})
+                      "eval_accuracy": _finite(history.eval_accuracy), "eval_exact": _finite(history.eval_exact)})
         except Exception as e:  # the thread must always end its stream
             run.emit({"type": "error", "message": f"{type(e).__name__}: {e}"})
