@@ -10,8 +10,9 @@ import pytest
 
 import oracle as O
 import qkv
-from helpers import MASK_CASES
+from helpers import MASK_CASES, check_against_oracle, make_qkv
 from qkv import masks
+from qkv.errors import MaskError
 
 
 def assert_dense_equal(mask, nq, nk, expected):
@@ -237,3 +238,30 @@ def test_from_dense_rejects_a_wrong_size():
         m.dense(5, 4)
     with pytest.raises(qkv.errors.MaskError, match=r"\(3, 4\)"):
         qkv.attention(np.ones((1, 5, 2)), np.ones((1, 4, 2)), np.ones((1, 4, 2)), mask=m)
+
+
+def test_causal_offsets_beyond_the_sequence_show_or_hide_everything_without_overflow(impl, rng):
+    q, k, v = make_qkv(rng, (1, 3, 2), (1, 4, 2))
+    for offset, allowed in ((10**30, np.ones((3, 4), bool)), (-(10**30), np.zeros((3, 4), bool)),
+                            (4, np.ones((3, 4), bool)), (-3, np.zeros((3, 4), bool))):
+        m = masks.causal(offset)
+        np.testing.assert_array_equal(m.dense(3, 4), allowed)
+        expected = O.attention_oracle(q, k, v, allowed=allowed)
+        check_against_oracle(impl.attention(q, k, v, mask=m), expected)
+
+
+def test_empty_global_tokens_add_nothing():
+    m = masks.sliding_window(2) | masks.global_tokens([])
+    np.testing.assert_array_equal(m.dense(5, 5), masks.sliding_window(2).dense(5, 5))
+    np.testing.assert_array_equal(m.blocks(5, 5, 2, 2), masks.sliding_window(2).blocks(5, 5, 2, 2))
+
+
+@pytest.mark.parametrize(("build", "words"), [
+    (lambda: masks.random_blocks(4, 1, -1), "seed must be an integer >= 0"),
+    (lambda: masks.random_blocks(2**64, 1, 0), "block must be at most"),
+    (lambda: masks.dilated(3, 2**64), "dilation must be at most"),
+    (lambda: masks.sliding_window(2**40), "size must be at most"),
+])
+def test_mask_parameters_out_of_range_raise_mask_errors(build, words):
+    with pytest.raises(MaskError, match=words):
+        build()

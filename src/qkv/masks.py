@@ -42,7 +42,9 @@ def _band(lo: int, hi: int, offset: int | None, name: str) -> Mask:
     """Keys at distance ``d = i + offset - j`` with ``lo <= d <= hi`` (offset None: Nk - Nq)."""
 
     def off(nq: int, nk: int) -> int:
-        return _offset(nq, nk) if offset is None else offset
+        # an offset beyond [-nq, nk] hides or shows the same keys as the bound (hi is only finite with
+        # offset None): clipping keeps int64 index arithmetic exact for any Python int
+        return _offset(nq, nk) if offset is None else min(max(offset, -nq), nk)
 
     def allowed(i, j, nq, nk):
         d = i + off(nq, nk) - j
@@ -58,9 +60,16 @@ def _band(lo: int, hi: int, offset: int | None, name: str) -> Mask:
     return Mask(allowed, name, tiles)
 
 
-def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
+MAX_LENGTH = 2**31 - 1
+"""Largest size a mask parameter may take: far beyond any sequence, and int64 index arithmetic
+(``i + offset - j``, ``window · dilation``) cannot overflow below it."""
+
+
+def _positive_int(value: Any, name: str, minimum: int = 1, maximum: int | None = MAX_LENGTH) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise MaskError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise MaskError(f"{name} must be at most {maximum}, got {value!r}")
     return int(value)
 
 
@@ -197,6 +206,8 @@ def global_tokens(indices: Sequence[int] | np.ndarray) -> Mask:
     ``j`` is.
     """
     idx = np.asarray(to_numpy(indices) if not isinstance(indices, (list, tuple)) else indices).reshape(-1)
+    if idx.size == 0:
+        idx = idx.astype(np.int64)  # np.asarray([]) is float64: no index array
     if idx.size and (not np.issubdtype(idx.dtype, np.integer) or (idx < 0).any()):
         raise MaskError(f"global_tokens indices must be non-negative integers, got {idx!r}")
 
@@ -230,6 +241,7 @@ def random_blocks(block: int, per_row: int, seed: int) -> Mask:
     """
     block = _positive_int(block, "random_blocks block")
     per_row = _positive_int(per_row, "random_blocks per_row", minimum=0)
+    seed = _positive_int(seed, "random_blocks seed", minimum=0, maximum=None)  # numpy's seeds are non-negative
 
     @lru_cache(maxsize=8)
     def table(nq: int, nk: int) -> np.ndarray:
