@@ -156,19 +156,33 @@ def _child(spec_json: str) -> None:
                       "method": method + (" after mlockall" if pinned else "")}))
 
 
-def measure(spec: dict[str, Any], timeout: float = 300.0) -> dict[str, Any]:
-    """Run ``spec`` (batch, heads, kv_heads, n, d, dtype, impl, mask, backward, lib; optional
-    repeats, timed calls after the first) in a fresh subprocess.
-
-    ``extra`` is the peak memory beyond the inputs and the outputs (what ``peak_bytes`` predicts).
-    """
+def _run_child(spec: dict[str, Any], env: dict[str, str], timeout: float) -> dict[str, Any]:
     code = "import sys; from qkv._complexity_cli import _child; _child(sys.argv[1])"
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], capture_output=True, text=True,
-                          timeout=timeout, check=False)
+                          timeout=timeout, check=False, env=env)
     if proc.returncode != 0:
         tail = " ".join(proc.stderr.strip().splitlines()[-2:])
         raise RuntimeError(f"measuring {spec} failed: {tail}")
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def measure(spec: dict[str, Any], timeout: float = 300.0) -> dict[str, Any]:
+    """Run ``spec`` (batch, heads, kv_heads, n, d, dtype, impl, mask, backward, lib; optional
+    repeats, timed calls after the first) in fresh subprocesses.
+
+    ``extra`` is the peak memory beyond the inputs and the outputs (what ``peak_bytes`` predicts).
+    Memory and time come from two processes: glibc raises its mmap threshold after each large
+    free, so later tiles come from a heap that keeps freed pages resident and the high-water mark
+    depends on allocation history (seen: 14-29 MB for a 10 MB working set). With a fixed threshold
+    every large block is mapped afresh and returned on free, so VmHWM reads the live peak, the
+    same on every run; but mapping every tile costs page faults, so the time is taken in a second
+    process with the default allocator (when ``repeats`` asks for timed calls).
+    """
+    memory = _run_child({**spec, "repeats": 0}, {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}, timeout)
+    if spec.get("repeats", 3) == 0:
+        return memory
+    timed = _run_child(spec, dict(os.environ), timeout)
+    return {**memory, "seconds": timed["seconds"]}
 
 
 def matmul_rate(seconds: float = 0.15, windows: int = 3) -> float:

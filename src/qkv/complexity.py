@@ -37,8 +37,8 @@ Bytes: ``c`` is the compute itemsize (float32 for half precision), ``L = B·H``.
   working set (one ``L x block_q x block_k`` score tile forward, three backward, a query
   block and its accumulators) and ``lse``; torch SDPA's per-thread tile buffers plus, with a mask
   other than plain causal, the dense mask qkv builds and the float copy SDPA makes of it. With
-  ``backward``, flash and torch add one gradient-sized copy (torch's gradient accumulation copies
-  a gradient it cannot take over).
+  ``backward``, torch SDPA adds one gradient-sized copy (torch's gradient accumulation copies a
+  gradient it cannot take over); flash's gradients are the outputs (autograd takes them over).
 - ``kv_cache_bytes``: K and V for ``kv_heads`` heads in ``dtype``, ``B·Hkv·Nk·(Dk + Dv)`` items.
 """
 
@@ -175,7 +175,7 @@ def estimate(n_q: int, n_k: int | None = None, d_k: int = 64, d_v: int | None = 
             bwd = (2 * row_tiles + 1) * lanes * bq * bk + 2 * lanes * bq * (dk + dv) + lanes * nq
             if c != s:  # half precision: the float32 gradient accumulators are not the outputs
                 bwd += lanes * nq * dk + b * hkv * nk * (dk + dv)
-            peak = max(peak, bwd * c + (13 * bq * bk if partial else 0) + lanes * nq * dk * s)
+            peak = max(peak, bwd * c + (13 * bq * bk if partial else 0))  # dQ, dK, dV are the outputs
         score = 0
     else:
         pairs = nq * nk
