@@ -52,6 +52,7 @@ import numpy as np
 from . import masks
 from ._impls import SMALL, Call
 from ._impls.flash import choose_tiles, tile_classes
+from ._seq_layout import allowed_pairs, segments
 from ._typing import Dims
 from .errors import ArgumentError, DTypeError, MaskError, ShapeError
 
@@ -243,25 +244,6 @@ class Communication:
         return d
 
 
-def _shard_segments(rank: int, w: int, n: int, layout: str) -> list[tuple[int, int]]:
-    """Global ``(start, length)`` pieces of rank ``rank``'s shard (as ``qkv.distributed`` lays them out)."""
-    if layout == "zigzag":
-        c = n // (2 * w)
-        return [(rank * c, c), ((2 * w - 1 - rank) * c, c)]
-    return [(rank * (n // w), n // w)]
-
-
-def _attended(q_segs: list[tuple[int, int]], k_segs: list[tuple[int, int]], causal: bool, nq: int, nk: int) -> int:
-    """(query, key) pairs between the segments that may attend (bottom-right causal on global positions)."""
-    total = 0
-    for qs, ql in q_segs:
-        for ks, kl in k_segs:
-            # query qs + i sees key ks + j iff j <= i + qs - ks + (nk - nq)
-            allowed = np.clip(np.arange(ql) + qs - ks + (nk - nq) + 1, 0, kl) if causal else np.full(ql, kl)
-            total += int(allowed.sum())
-    return total
-
-
 def communication(n: int, d_k: int = 64, d_v: int | None = None, heads: int = 1, kv_heads: int | None = None,
                   batch: int = 1, dtype: str = "float32", world_size: int = 2, scheme: str = "ring",
                   causal: bool = False, layout: str = "contiguous", backward: bool = False,
@@ -313,7 +295,7 @@ def communication(n: int, d_k: int = 64, d_v: int | None = None, heads: int = 1,
         steps = [kv * s] * (w - 1)
         if backward and w > 1:
             steps += [kv * (s + c)] * (w - 1) + [kv * c]
-        work = tuple(b * h * sum(_attended(_shard_segments(r, w, nq, layout), _shard_segments(src, w, nk, layout),
+        work = tuple(b * h * sum(allowed_pairs(segments(r, w, nq, layout), segments(src, w, nk, layout),
                                            causal, nq, nk) for src in range(w)) for r in range(w))
     else:
         for name, count in (("heads", h), ("kv_heads", hkv)):
@@ -327,7 +309,7 @@ def communication(n: int, d_k: int = 64, d_v: int | None = None, heads: int = 1,
         steps = [] if w == 1 else [a2a(h, nq, dk), a2a(hkv, nk, dk), a2a(hkv, nk, dv), a2a(h, nq, dv)]
         if backward and w > 1:
             steps += [a2a(h, nq, dv), a2a(h, nq, dk), a2a(hkv, nk, dk), a2a(hkv, nk, dv)]
-        work = (b * (h // w) * _attended([(0, nq)], [(0, nk)], causal, nq, nk),) * w
+        work = (b * (h // w) * allowed_pairs(((0, nq),), ((0, nk),), causal, nq, nk),) * w
     return Communication(
         scheme=scheme, layout=layout, world_size=w, n_q=nq, n_k=nk, d_k=dk, d_v=dv, heads=h, kv_heads=hkv, batch=b,
         dtype=dtype, causal=causal, backward=backward, steps=len(steps), bytes_per_step=tuple(steps),

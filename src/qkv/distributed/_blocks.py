@@ -24,6 +24,7 @@ from .._checks import check_qkv
 from .._core import _call
 from .._impls import flash
 from .._merge import merge_attention
+from .._seq_layout import allowed_pairs as allowed_pairs
 from .._typing import Array
 from ._layout import Segments, local_ranges
 
@@ -50,19 +51,6 @@ def pair_mask(qseg: tuple[int, int], kseg: tuple[int, int], causal: bool, nq: in
     if o + ql - 1 < 0:
         return masks.EMPTY, None
     return masks.PARTIAL, masks.causal(offset=o)
-
-
-def allowed_pairs(q_segs: Segments, kv_segs: Segments, causal: bool, nq: int, nk: int) -> int:
-    """(query, key) pairs of this block that may attend each other (the useful work, per head)."""
-    total = 0
-    for qs, ql in q_segs:
-        for ks, kl in kv_segs:
-            if not causal:
-                total += ql * kl
-                continue
-            o = qs - ks + (nk - nq)
-            total += sum(min(kl, max(0, ii + o + 1)) for ii in range(ql))
-    return total
 
 
 def _nothing(q: Array, k: Array, v: Array) -> tuple[Array, Array]:

@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 
 from .._backend import namespace
+from .._seq_layout import Segments as Segments
+from .._seq_layout import segments as segments
 from .._typing import Array
 from ..errors import ArgumentError, ShapeError
 
 LAYOUTS = ("contiguous", "zigzag")
-Segments = tuple[tuple[int, int], ...]
 
 
 def check_layout(layout: Any) -> str:
@@ -58,15 +59,6 @@ def check_shard_length(name: str, n: int, world_size: int, layout: str, shape: t
         raise ShapeError(f"{name} has {n} positions on axis -2 on this rank, but a zigzag shard is two equal "
                          f"chunks, so it must be even ({name}: {shape}, world size {world_size}); pad the "
                          f"global sequence to a multiple of 2 · world size = {2 * world_size}")
-
-
-def segments(rank: int, world_size: int, n: int, layout: str) -> Segments:
-    """Global ``(start, length)`` segments of rank ``rank``'s shard of a length-``n`` sequence."""
-    if layout == "zigzag":
-        c = n // (2 * world_size)
-        return ((rank * c, c), ((2 * world_size - 1 - rank) * c, c))
-    s = n // world_size
-    return ((rank * s, s),)
 
 
 def local_ranges(segs: Segments) -> list[tuple[int, int]]:
