@@ -20,9 +20,13 @@ def setup() -> dict[str, Any]:
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": "python " + " ".join(sys.argv),
-        "python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-        "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"), "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+        "cpus": os.cpu_count(),
     }
 
 
@@ -33,15 +37,21 @@ def fmt_x(value: float | None, q1: float | None = None, q3: float | None = None)
 
 
 def timing_markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| workload | N | mode | impl | median ms | IQR ms | rounds | speed-up vs baseline (q1–q3) | GFLOP/s |"
-             " max err | note |", "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "| workload | N | mode | impl | median ms | IQR ms | rounds | speed-up vs baseline (q1–q3) | GFLOP/s |"
+        " max err | note |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for r in rows:
         if r.get("kind") not in ("timing", "extra"):
             continue
         med = "" if r.get("median_s") is None else f"{r['median_s'] * 1e3:.3g}"
         iqr = "" if r.get("iqr_s") is None else f"{r['iqr_s'] * 1e3:.2g}"
-        speed = "baseline" if r.get("baseline") == r["impl"] else fmt_x(r.get("speedup"), r.get("speedup_q1"),
-                                                                        r.get("speedup_q3"))
+        speed = (
+            "baseline"
+            if r.get("baseline") == r["impl"]
+            else fmt_x(r.get("speedup"), r.get("speedup_q1"), r.get("speedup_q3"))
+        )
         if r.get("kind") == "extra":
             speed = ""
         note = r.get("note", "")
@@ -51,8 +61,10 @@ def timing_markdown(rows: list[dict[str, Any]]) -> str:
             note = f"{r['status']}: {note}"
         err = "" if r.get("max_abs_err") is None else f"{r['max_abs_err']:.1e}"
         gflops = "" if not r.get("gflops") else f"{r['gflops']:.1f}"
-        lines.append(f"| {r['workload']} | {r['n']} | {r['mode']} | {r['impl']} | {med} | {iqr} | "
-                     f"{r.get('repeats') or ''} | {speed} | {gflops} | {err} | {note} |")
+        lines.append(
+            f"| {r['workload']} | {r['n']} | {r['mode']} | {r['impl']} | {med} | {iqr} | "
+            f"{r.get('repeats') or ''} | {speed} | {gflops} | {err} | {note} |"
+        )
     return "\n".join(lines)
 
 
@@ -71,17 +83,22 @@ def target_markdown(rows: list[dict[str, Any]]) -> str:
 
 def memory_markdown(rows: list[dict[str, Any]]) -> str:
     mib = 2**20
-    lines = ["| impl | workload | N | H | mode | extra MiB | of which outputs+grads MiB | inputs MiB | one N×N fp32 "
-             "matrix MiB | seconds |", "|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| impl | workload | N | H | mode | extra MiB | of which outputs+grads MiB | inputs MiB | one N×N fp32 "
+        "matrix MiB | seconds |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         if r.get("kind") != "memory":
             continue
         if "extra" not in r:
             lines.append(f"| {r['impl']} | {r['workload']} | {r['n']} | {r['h']} | {r['mode']} | {r['note']} |||||")
             continue
-        lines.append(f"| {r['impl']} | {r['workload']} | {r['n']} | {r['h']} | {r['mode']} | {r['extra'] / mib:.1f} | "
-                     f"{r['outputs'] / mib:.1f} | {r['inputs'] / mib:.1f} | {r['materialised'] / mib:,.0f} | "
-                     f"{r['seconds']:.1f} |")
+        lines.append(
+            f"| {r['impl']} | {r['workload']} | {r['n']} | {r['h']} | {r['mode']} | {r['extra'] / mib:.1f} | "
+            f"{r['outputs'] / mib:.1f} | {r['inputs'] / mib:.1f} | {r['materialised'] / mib:,.0f} | "
+            f"{r['seconds']:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -90,8 +107,11 @@ def write(rows: list[dict[str, Any]], header: dict[str, Any], json_path: str | N
     if json_path:
         Path(json_path).write_text(json.dumps({"header": header, "rows": rows}, indent=1, default=float))
     if md_path:
-        parts = [f"`{header['command']}` — {header['date']}; torch {header['torch']}, numpy {header['numpy']}, "
-                 f"{header['threads']} threads", ""]
+        parts = [
+            f"`{header['command']}` — {header['date']}; torch {header['torch']}, numpy {header['numpy']}, "
+            f"{header['threads']} threads",
+            "",
+        ]
         for fn in (target_markdown, timing_markdown, memory_markdown):
             table = fn(rows)
             if table.count("\n") > 1:

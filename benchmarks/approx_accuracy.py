@@ -52,10 +52,14 @@ def variants(n: int, d: int) -> dict[str, tuple[Any, str]]:
         "performer m=1024": (lambda q, k, v: approx.performer(q, k, v, 1024, 0), "favor1024"),
         f"linformer r={R}, Gaussian N(0, 1/r) E, F": (lambda q, k, v: approx.linformer(q, k, v, e, f), None),
         f"linformer r={R}, mean-pooling E = F": (lambda q, k, v: approx.linformer(q, k, v, pool, pool), None),
-        "Longformer: window ±255 + 1 global": (lambda q, k, v: qkv.attention(q, k, v, mask=LONGFORMER, impl="flash"),
-                                               LONGFORMER),
+        "Longformer: window ±255 + 1 global": (
+            lambda q, k, v: qkv.attention(q, k, v, mask=LONGFORMER, impl="flash"),
+            LONGFORMER,
+        ),
         "BigBird: window ±127 + 1 global + 3×64 random": (
-            lambda q, k, v: qkv.attention(q, k, v, mask=BIGBIRD, impl="flash"), BIGBIRD),
+            lambda q, k, v: qkv.attention(q, k, v, mask=BIGBIRD, impl="flash"),
+            BIGBIRD,
+        ),
     }
 
 
@@ -140,22 +144,29 @@ def timings(n: int, rounds: int) -> tuple[dict[str, Any], float]:
 
 
 def cell(res: dict[str, float]) -> str:
-    extra = f" · KL {res['kl']:.3g}" if "kl" in res else (
-        f" · mass out {res['mass_outside']:.3g}" if "mass_outside" in res else "")
+    extra = (
+        f" · KL {res['kl']:.3g}"
+        if "kl" in res
+        else (f" · mass out {res['mass_outside']:.3g}" if "mass_outside" in res else "")
+    )
     return f"{res['error']:.3g}{extra}"
 
 
 def markdown(results: list[dict[str, Any]], header: dict[str, Any]) -> str:
-    lines = [f"`{header['command']}` — {header['date']}; numpy {header['numpy']}, torch {header['torch']}, "
-             f"{header['threads']} threads, {header['cpus']} CPUs", "",
-             "| N | variant | time ÷ exact flash (q1–q3) | gaussian: error · KL or mass out | retrieval | TinyGPT |",
-             "|---:|---|---:|---:|---:|---:|"]
+    lines = [
+        f"`{header['command']}` — {header['date']}; numpy {header['numpy']}, torch {header['torch']}, "
+        f"{header['threads']} threads, {header['cpus']} CPUs",
+        "",
+        "| N | variant | time ÷ exact flash (q1–q3) | gaussian: error · KL or mass out | retrieval | TinyGPT |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
     for r in results:
         lines.append(f"| {r['n']} | exact flash (baseline) | 1 ({r['exact_s'] * 1e3:.0f} ms) | 0 | 0 | 0 |")
         for name, ratio in r["time"].items():
             kinds = " | ".join(cell(r["errors"][kind][name]) for kind in ("gaussian", "retrieval", "tinygpt"))
-            lines.append(f"| {r['n']} | {name} | {ratio['median']:.2f} ({ratio['q1']:.2f}–{ratio['q3']:.2f}) | "
-                         f"{kinds} |")
+            lines.append(
+                f"| {r['n']} | {name} | {ratio['median']:.2f} ({ratio['q1']:.2f}–{ratio['q3']:.2f}) | {kinds} |"
+            )
     return "\n".join(lines)
 
 

@@ -58,10 +58,15 @@ def main() -> None:
     torch_impls = ("qkv-auto", "qkv-flash", "qkv-torch", "qkv-reference")
     numpy_impls = ("qkv-auto-np", "qkv-flash-np", "qkv-reference-np")
     ns = (256, 1024) if a.quick else (128, 256, 1024, 4096)
-    cases = [(name, n, mode, "torch") for name in ("dense", "causal", "sliding", "document", "gqa") for n in ns
-             for mode in ("fwd", "fwdbwd")]
-    cases += [(name, n, "fwd", "torch") for name in ("decode", "decode-gqa") for n in ((4096,) if a.quick else
-                                                                                       (4096, 32768))]
+    cases = [
+        (name, n, mode, "torch")
+        for name in ("dense", "causal", "sliding", "document", "gqa")
+        for n in ns
+        for mode in ("fwd", "fwdbwd")
+    ]
+    cases += [
+        (name, n, "fwd", "torch") for name in ("decode", "decode-gqa") for n in ((4096,) if a.quick else (4096, 32768))
+    ]
     cases += [(name, n, "fwd", "numpy") for name in ("dense", "sliding") for n in ns]
     err = Console(stderr=True)
     t0 = time.perf_counter()
@@ -70,24 +75,51 @@ def main() -> None:
         w = workload(name, n)
         impls = torch_impls if lib == "torch" else numpy_impls
         err.print(f"[dim]{time.perf_counter() - t0:5.0f}s {w.label} {mode} {lib}[/]")
-        rows = run_case(w, mode, impls, baseline=impls[0], budget_s=3.0 if a.quick else 6.0, repeats=(3, 9),
-                        max_call_s=2.0, quiet_s=0 if a.quick else 20.0)
+        rows = run_case(
+            w,
+            mode,
+            impls,
+            baseline=impls[0],
+            budget_s=3.0 if a.quick else 6.0,
+            repeats=(3, 9),
+            max_call_s=2.0,
+            quiet_s=0 if a.quick else 20.0,
+        )
         results.append((name, n, mode, lib, chosen(w, lib), auto_vs_best(rows, impls[0]), rows))
     out = Console(width=160) if not sys.stdout.isatty() else Console()
     out.print(f"{header['command']} — {header['date']} — {time.perf_counter() - t0:.0f} s; torch {header['torch']}")
-    table = Table("workload", "N", "mode", "arrays", "auto chose", "fastest other", "auto / best (q1–q3)",
-                  "times ms (auto; others)", "busy elsewhere")
+    table = Table(
+        "workload",
+        "N",
+        "mode",
+        "arrays",
+        "auto chose",
+        "fastest other",
+        "auto / best (q1–q3)",
+        "times ms (auto; others)",
+        "busy elsewhere",
+    )
     for name, n, mode, lib, pick, ratio, rows in results:
-        times = "; ".join(f"{r['impl'].removeprefix('qkv-')} {r['median_s'] * 1e3:.3g}" for r in rows
-                          if r["median_s"] is not None)
+        times = "; ".join(
+            f"{r['impl'].removeprefix('qkv-')} {r['median_s'] * 1e3:.3g}" for r in rows if r["median_s"] is not None
+        )
         skipped = [r["impl"].removeprefix("qkv-") for r in rows if r["median_s"] is None]
         if skipped:
             times += f" (not run: {', '.join(skipped)})"
         cell = "" if ratio is None else f"{ratio[0]:.2f} ({ratio[1]:.2f}–{ratio[2]:.2f})"
         flag = "[red]" if ratio is not None and ratio[1] > 1.1 else ""
         busy = rows[0].get("others_cpu")
-        table.add_row(name, str(n), mode, lib, pick, "" if ratio is None else ratio[3].removeprefix("qkv-"),
-                      f"{flag}{cell}", times, "" if busy is None else f"{busy:.2f}")
+        table.add_row(
+            name,
+            str(n),
+            mode,
+            lib,
+            pick,
+            "" if ratio is None else ratio[3].removeprefix("qkv-"),
+            f"{flag}{cell}",
+            times,
+            "" if busy is None else f"{busy:.2f}",
+        )
     out.print(table)
 
 

@@ -71,12 +71,18 @@ def main() -> None:
     per = {}
     for name, tm in t.items():
         per[name] = tm.median
-        table.add_row(name, f"{tm.median * 1e6:.0f}", f"{tm.median * tiles * 1e3:.1f}",
-                      f"{tm.median * tiles / total:.0%}")
+        table.add_row(
+            name, f"{tm.median * 1e6:.0f}", f"{tm.median * tiles * 1e3:.1f}", f"{tm.median * tiles / total:.0%}"
+        )
     table.add_section()
     matmuls = per["Q Kᵀ (matmul)"] + per["P V (matmul)"]
-    passes = (per["row max"] + per["exp(S - m) (in place on a copy)"] - per["copy of the tile (for the line above)"]
-              + per["row sum"] + per["rescale acc·alpha + PV"])
+    passes = (
+        per["row max"]
+        + per["exp(S - m) (in place on a copy)"]
+        - per["copy of the tile (for the line above)"]
+        + per["row sum"]
+        + per["rescale acc·alpha + PV"]
+    )
     table.add_row("matmuls only", "", f"{matmuls * tiles * 1e3:.1f}", f"{matmuls * tiles / total:.0%}")
     table.add_row("softmax passes only", "", f"{passes * tiles * 1e3:.1f}", f"{passes * tiles / total:.0%}")
     for name, tm in whole.items():

@@ -45,9 +45,11 @@ def main() -> None:
     dt = time.perf_counter() - t0
     extra = rss_peak() - base
     flops = 4 * a.n * a.n * a.d / 2 * (3.5 if a.backward else 1)
-    print(f"N={a.n} D={a.d} causal {'fwd+bwd' if a.backward else 'fwd'} {'torch' if a.torch else 'numpy'}: "
-          f"{dt:.1f} s, {flops / dt / 1e9:.0f} GFLOP/s, peak extra RSS {extra / 2**20:.1f} MiB "
-          f"(inputs {inputs / 2**20:.0f} MiB; materialised scores would be {a.n * a.n * 4 / 2**30:.0f} GiB)")
+    print(
+        f"N={a.n} D={a.d} causal {'fwd+bwd' if a.backward else 'fwd'} {'torch' if a.torch else 'numpy'}: "
+        f"{dt:.1f} s, {flops / dt / 1e9:.0f} GFLOP/s, peak extra RSS {extra / 2**20:.1f} MiB "
+        f"(inputs {inputs / 2**20:.0f} MiB; materialised scores would be {a.n * a.n * 4 / 2**30:.0f} GiB)"
+    )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,9 @@ def _median(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 
 
-def _worker(rank: int, w: int, port: int, ns: list[int], heads: int, d: int, repeats: int, backward: bool,
-            out: Any) -> None:
+def _worker(
+    rank: int, w: int, port: int, ns: list[int], heads: int, d: int, repeats: int, backward: bool, out: Any
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -34,8 +35,9 @@ def _worker(rank: int, w: int, port: int, ns: list[int], heads: int, d: int, rep
     from qkv.distributed import ring_attention, shard_sequence
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=w,
-                            timeout=timedelta(seconds=600))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=w, timeout=timedelta(seconds=600)
+    )
     rows = []
     for n in ns:
         g = torch.Generator().manual_seed(n)
@@ -86,8 +88,10 @@ def main() -> None:
     ns = [int(x) for x in a.n.split(",")]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, a.world_size, port, ns, a.heads, a.d, a.repeats, a.backward, out))
-             for r in range(a.world_size)]
+    procs = [
+        ctx.Process(target=_worker, args=(r, a.world_size, port, ns, a.heads, a.d, a.repeats, a.backward, out))
+        for r in range(a.world_size)
+    ]
     for proc in procs:
         proc.start()
     rows = out.get(timeout=3600)
@@ -98,10 +102,15 @@ def main() -> None:
     print("| N | layout | causal | ring ms | one process ms | speedup (ideal W) | MiB sent per rank |")
     print("|---:|---|---|---:|---:|---:|---:|")
     for n, layout, causal, ring, single in rows:
-        sent = communication(n, d_k=a.d, heads=a.heads, world_size=a.world_size, causal=causal, layout=layout,
-                             backward=a.backward).bytes_per_rank / 2**20
-        print(f"| {n} | {layout} | {causal} | {ring * 1e3:.1f} | {single * 1e3:.1f} | {single / ring:.2f}x | "
-              f"{sent:.1f} |")
+        sent = (
+            communication(
+                n, d_k=a.d, heads=a.heads, world_size=a.world_size, causal=causal, layout=layout, backward=a.backward
+            ).bytes_per_rank
+            / 2**20
+        )
+        print(
+            f"| {n} | {layout} | {causal} | {ring * 1e3:.1f} | {single * 1e3:.1f} | {single / ring:.2f}x | {sent:.1f} |"
+        )
 
 
 if __name__ == "__main__":

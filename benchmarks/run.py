@@ -36,14 +36,23 @@ def main() -> None:
     header = setup()
     err = Console(stderr=True)
     t0 = time.perf_counter()
-    rows = run_suite(a.suite, quick=a.quick, ns=[int(x) for x in a.n.split(",")] if a.n else None,
-                     modes=[a.mode] if a.mode else None, workloads=[a.workload] if a.workload else None,
-                     impls=a.impl.split(",") if a.impl else None, max_call_s=a.max_call, quiet_s=a.quiet_wait,
-                     progress=lambda m: err.print(f"[dim]{time.perf_counter() - t0:6.0f}s {m}[/]", highlight=False))
+    rows = run_suite(
+        a.suite,
+        quick=a.quick,
+        ns=[int(x) for x in a.n.split(",")] if a.n else None,
+        modes=[a.mode] if a.mode else None,
+        workloads=[a.workload] if a.workload else None,
+        impls=a.impl.split(",") if a.impl else None,
+        max_call_s=a.max_call,
+        quiet_s=a.quiet_wait,
+        progress=lambda m: err.print(f"[dim]{time.perf_counter() - t0:6.0f}s {m}[/]", highlight=False),
+    )
     header["seconds"] = round(time.perf_counter() - t0)
     out = Console(width=200) if not sys.stdout.isatty() else Console()
-    out.print(f"{header['command']} — {header['date']} — {header['seconds']} s; torch {header['torch']}, "
-              f"numpy {header['numpy']}, {header['threads']} threads")
+    out.print(
+        f"{header['command']} — {header['date']} — {header['seconds']} s; torch {header['torch']}, "
+        f"numpy {header['numpy']}, {header['threads']} threads"
+    )
     render(rows, out)
     write(rows, header, a.json_path, a.markdown)
 

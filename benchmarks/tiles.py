@@ -89,9 +89,21 @@ def sweep(name: str, n: int, mode: str, configs: list[tuple[int, int]], rounds: 
     t = compare(fns, warmup=0, repeats=rounds, rotate=True)
     others = meter.others()
     work = flops(w, mode)
-    return [{"workload": name, "n": n, "mode": mode, "tiles": key, "median_s": v.median, "iqr_s": v.iqr,
-             "gflops": work / v.median / 1e9, "vs_default": paired_ratios(t[default], v) if default in t else None,
-             "vs_sdpa": paired_ratios(t["sdpa-flash"], v), "others_cpu": others} for key, v in t.items()]
+    return [
+        {
+            "workload": name,
+            "n": n,
+            "mode": mode,
+            "tiles": key,
+            "median_s": v.median,
+            "iqr_s": v.iqr,
+            "gflops": work / v.median / 1e9,
+            "vs_default": paired_ratios(t[default], v) if default in t else None,
+            "vs_sdpa": paired_ratios(t["sdpa-flash"], v),
+            "others_cpu": others,
+        }
+        for key, v in t.items()
+    ]
 
 
 def main() -> None:
@@ -102,8 +114,11 @@ def main() -> None:
     header = setup()
     bqs, bks = ((128, 256), (256, 512)) if a.quick else ((64, 128, 256, 512), (128, 256, 512, 1024))
     configs = sorted({(bq, bk) for bq in bqs for bk in bks} | {DEFAULT})
-    cases = [("dense", 1024, "fwd")] if a.quick else [("dense", 4096, "fwd"), ("dense", 2048, "fwdbwd"),
-                                                       ("sliding", 8192, "fwd"), ("sliding", 8192, "fwdbwd")]
+    cases = (
+        [("dense", 1024, "fwd")]
+        if a.quick
+        else [("dense", 4096, "fwd"), ("dense", 2048, "fwdbwd"), ("sliding", 8192, "fwd"), ("sliding", 8192, "fwdbwd")]
+    )
     err = Console(stderr=True)
     t0 = time.perf_counter()
     rows = []
@@ -111,16 +126,36 @@ def main() -> None:
         err.print(f"[dim]{time.perf_counter() - t0:5.0f}s {name} N={n} {mode}: {len(configs)} tile sizes[/]")
         rows += sweep(name, n, mode, configs, 3 if a.quick else a.rounds)
     out = Console(width=160) if not sys.stdout.isatty() else Console()
-    out.print(f"{header['command']} — {header['date']} — {time.perf_counter() - t0:.0f} s; default tiles "
-              f"{DEFAULT[0]}x{DEFAULT[1]}; torch {header['torch']}")
-    table = Table("workload", "N", "mode", "BLOCK_Q x BLOCK_K", "median ms", "IQR ms", "GFLOP/s",
-                  "speed-up vs default (q1–q3)", "vs sdpa-flash (q1–q3)", "busy elsewhere")
+    out.print(
+        f"{header['command']} — {header['date']} — {time.perf_counter() - t0:.0f} s; default tiles "
+        f"{DEFAULT[0]}x{DEFAULT[1]}; torch {header['torch']}"
+    )
+    table = Table(
+        "workload",
+        "N",
+        "mode",
+        "BLOCK_Q x BLOCK_K",
+        "median ms",
+        "IQR ms",
+        "GFLOP/s",
+        "speed-up vs default (q1–q3)",
+        "vs sdpa-flash (q1–q3)",
+        "busy elsewhere",
+    )
     for r in rows:
         s, d = r["vs_default"], r["vs_sdpa"]
-        table.add_row(r["workload"], str(r["n"]), r["mode"], r["tiles"], f"{r['median_s'] * 1e3:.1f}",
-                      f"{r['iqr_s'] * 1e3:.1f}", f"{r['gflops']:.1f}",
-                      "" if s is None else f"{s.median:.2f}× ({s.q1:.2f}–{s.q3:.2f})",
-                      f"{d.median:.2f}× ({d.q1:.2f}–{d.q3:.2f})", f"{r['others_cpu']:.2f}")
+        table.add_row(
+            r["workload"],
+            str(r["n"]),
+            r["mode"],
+            r["tiles"],
+            f"{r['median_s'] * 1e3:.1f}",
+            f"{r['iqr_s'] * 1e3:.1f}",
+            f"{r['gflops']:.1f}",
+            "" if s is None else f"{s.median:.2f}× ({s.q1:.2f}–{s.q3:.2f})",
+            f"{d.median:.2f}× ({d.q1:.2f}–{d.q3:.2f})",
+            f"{r['others_cpu']:.2f}",
+        )
     out.print(table)
 
 

@@ -1,6 +1,6 @@
 """Every mask constructor, printed as a picture, and one attention call under each.
 
-    .venv/bin/python examples/masks_gallery.py
+.venv/bin/python examples/masks_gallery.py
 """
 
 import numpy as np

@@ -1,6 +1,6 @@
 """Teach a TinyGPT to reverse a sequence, look at its attention, and decode with a KV cache.
 
-    .venv/bin/python examples/tiny_gpt_reverse.py        (about ten seconds on a laptop CPU)
+.venv/bin/python examples/tiny_gpt_reverse.py        (about ten seconds on a laptop CPU)
 """
 
 import torch
@@ -16,7 +16,7 @@ tokens, answer = make_batch("reverse", 1, generator=torch.Generator().manual_see
 prompt = tokens[:, : answer[0]]  # x SEP
 out = model.generate(prompt, len(answer))
 print("prompt   ", prompt[0, :-1].tolist())
-print("generated", out[0, answer[0]:].tolist())
+print("generated", out[0, answer[0] :].tolist())
 
 # The same decode by hand: one prefill pass, then one position per step over the cache.
 cache = KVCache()

@@ -70,7 +70,7 @@ def extract(text: str, title: str | None, level: int, only: bool = False) -> str
         return "\n".join(_shift(lines, level - top))
     for i, (start, lvl, name) in enumerate(heads):
         if name == title:
-            end = next((n for n, lv, _ in heads[i + 1:] if only or lv <= lvl), len(lines))
+            end = next((n for n, lv, _ in heads[i + 1 :] if only or lv <= lvl), len(lines))
             return "\n".join(_shift(lines[start:end], level - lvl))
     raise KeyError(title)
 

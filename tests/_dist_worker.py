@@ -40,8 +40,13 @@ def _entry(rank, world_size, port, job, payload, results):
         import torch.distributed as dist
 
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=TIMEOUT))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=TIMEOUT),
+        )
         try:
             results.put((rank, "ok", JOBS[job](rank, world_size, payload)))
         finally:
@@ -57,8 +62,10 @@ def run(world_size, job, payload=None, timeout=TIMEOUT):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world_size, port, job, payload, results), daemon=True)
-             for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_entry, args=(r, world_size, port, job, payload, results), daemon=True)
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     got = {}
@@ -72,8 +79,9 @@ def run(world_size, job, payload=None, timeout=TIMEOUT):
                 if dead:
                     raise RankError(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode}") from None
                 if time.monotonic() > deadline:
-                    raise RankError(f"ranks {sorted(set(range(world_size)) - set(got))} did not finish "
-                                    f"within {timeout:.0f} s") from None
+                    raise RankError(
+                        f"ranks {sorted(set(range(world_size)) - set(got))} did not finish within {timeout:.0f} s"
+                    ) from None
                 continue
             if status == "error":
                 raise RankError(f"rank {rank} raised:\n{value}")
@@ -154,14 +162,29 @@ def check_attention(rank, world_size, cases):
 
     report = {}
     for case in cases:
-        c = {"b": 1, "dv": None, "causal": False, "layout": "contiguous", "dtype": "float64", "group": None,
-             "nk": None, **case}
+        c = {
+            "b": 1,
+            "dv": None,
+            "causal": False,
+            "layout": "contiguous",
+            "dtype": "float64",
+            "group": None,
+            "nk": None,
+            **case,
+        }
         group, w = _groups(dist, rank, world_size, c["group"])
         nq, dk = c["n"], c["dk"]
         nk, dv = c["nk"] or nq, c["dv"] or dk
         rng = np.random.default_rng(c["seed"])  # the same global tensors on every rank
-        arrays = [rng.standard_normal(s) for s in ((c["b"], c["h"], nq, dk), (c["b"], c["hkv"], nk, dk),
-                                                   (c["b"], c["hkv"], nk, dv), (c["b"], c["h"], nq, dv))]
+        arrays = [
+            rng.standard_normal(s)
+            for s in (
+                (c["b"], c["h"], nq, dk),
+                (c["b"], c["hkv"], nk, dk),
+                (c["b"], c["hkv"], nk, dv),
+                (c["b"], c["h"], nq, dv),
+            )
+        ]
         dtype = getattr(torch, c["dtype"])
         q, k, v = (torch.tensor(a, dtype=dtype, requires_grad=True) for a in arrays[:3])
         dout = torch.tensor(arrays[3], dtype=dtype)
@@ -183,27 +206,58 @@ def check_attention(rank, world_size, cases):
         ref.backward(torch.tensor(arrays[3]))
         golden = O.attention_oracle(*arrays[:3], O.causal_allowed(nq, nk) if c["causal"] else None)[0]
         err = {"out_vs_oracle": float(np.abs(out.detach().double().numpy() - golden).max())}
-        for name, x, r in (("out", out, ref), ("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad),
-                           ("dv", v.grad, v64.grad)):
+        for name, x, r in (
+            ("out", out, ref),
+            ("dq", q.grad, q64.grad),
+            ("dk", k.grad, k64.grad),
+            ("dv", v.grad, v64.grad),
+        ):
             err[name] = float((x.detach().double() - r.detach()).abs().max())
         if c["dtype"] != "float64":  # the same computation by torch SDPA in this dtype: the baseline error
             qb, kb, vb = (torch.tensor(a, dtype=dtype, requires_grad=True) for a in arrays[:3])
             base = _reference(qb, kb, vb, c["causal"])
             base.backward(dout)
-            for name, x, r in (("out", base, ref), ("dq", qb.grad, q64.grad), ("dk", kb.grad, k64.grad),
-                               ("dv", vb.grad, v64.grad)):
+            for name, x, r in (
+                ("out", base, ref),
+                ("dq", qb.grad, q64.grad),
+                ("dk", kb.grad, k64.grad),
+                ("dv", vb.grad, v64.grad),
+            ):
                 err["baseline_" + name] = float((x.detach().double() - r.detach()).abs().max())
         if c["fn"] == "ring":
             sim = simulate_ring(q.detach(), k.detach(), v.detach(), w, c["causal"], layout=layout)
             err["vs_simulator"] = float((sim.out - out.detach()).abs().max())
             my_steps = [s for s in sim.steps if s.rank == dist.get_rank(group)]
             err["simulated_bytes"] = sum(s.bytes_sent for s in my_steps)
-        pred = complexity.communication(nq, d_k=dk, d_v=dv, heads=c["h"], kv_heads=c["hkv"], batch=c["b"],
-                                        dtype=c["dtype"], world_size=w, scheme=c["fn"], causal=c["causal"],
-                                        layout=layout, backward=True, n_k=nk)
-        fwd_pred = complexity.communication(nq, d_k=dk, d_v=dv, heads=c["h"], kv_heads=c["hkv"], batch=c["b"],
-                                            dtype=c["dtype"], world_size=w, scheme=c["fn"], causal=c["causal"],
-                                            layout=layout, n_k=nk)
+        pred = complexity.communication(
+            nq,
+            d_k=dk,
+            d_v=dv,
+            heads=c["h"],
+            kv_heads=c["hkv"],
+            batch=c["b"],
+            dtype=c["dtype"],
+            world_size=w,
+            scheme=c["fn"],
+            causal=c["causal"],
+            layout=layout,
+            backward=True,
+            n_k=nk,
+        )
+        fwd_pred = complexity.communication(
+            nq,
+            d_k=dk,
+            d_v=dv,
+            heads=c["h"],
+            kv_heads=c["hkv"],
+            batch=c["b"],
+            dtype=c["dtype"],
+            world_size=w,
+            scheme=c["fn"],
+            causal=c["causal"],
+            layout=layout,
+            n_k=nk,
+        )
         err["bytes"] = (sum(fwd.calls), fwd_pred.bytes_per_rank, sum(fwd.calls) + sum(bwd.calls), pred.bytes_per_rank)
         report[case["name"]] = err
     return report
@@ -219,8 +273,9 @@ def expect_errors(rank, world_size, payload):
     calls = {
         "ulysses_heads": lambda: ulysses_attention(x, x, x),
         "ulysses_kv_heads": lambda: ulysses_attention(torch.zeros(1, 4, 6, 4), x[:, :1], x[:, :1]),
-        "zigzag_odd_shard": lambda: ring_attention(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4),
-                                                   torch.zeros(1, 2, 3, 4), layout="zigzag"),
+        "zigzag_odd_shard": lambda: ring_attention(
+            torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), layout="zigzag"
+        ),
         "shard_not_divisible": lambda: shard_sequence(torch.zeros(1, 2, 5, 4)),
         "shard_zigzag_not_divisible": lambda: shard_sequence(torch.zeros(1, 2, 6, 4), layout="zigzag"),
         "unknown_layout": lambda: ring_attention(x, x, x, layout="striped"),

@@ -14,8 +14,13 @@ from contextlib import contextmanager
 def lab_server(*args, timeout=30.0):
     """Yield the base URL (``http://127.0.0.1:PORT/``) of a lab serving in a subprocess."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "qkv", "lab", "--port", "0", "--json", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qkv", "lab", "--port", "0", "--json", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = proc.stdout.readline()  # blocks until the server announces itself (or exits)
         if not line:

@@ -63,16 +63,19 @@ def assert_close(actual, expected, *, tol=1e-12, name="out"):
     bad_inf = (np.isinf(actual) != inf_e) | (inf_e & (actual != expected))
     assert not bad_inf.any(), (
         f"{name}: infinities differ at {np.argwhere(bad_inf)[:5].tolist()} "
-        f"(got {actual[bad_inf][:5]}, expected {expected[bad_inf][:5]})")
+        f"(got {actual[bad_inf][:5]}, expected {expected[bad_inf][:5]})"
+    )
     fin = ~inf_e
     err = float(np.abs(actual[fin] - expected[fin]).max(initial=0.0))
     bound = tol * max(1.0, float(np.abs(expected[fin]).max(initial=0.0)))
     if err > bound:
-        where = np.unravel_index(np.argmax(np.where(fin, np.abs(np.where(fin, actual - expected, 0)), -1)),
-                                 actual.shape)
+        where = np.unravel_index(
+            np.argmax(np.where(fin, np.abs(np.where(fin, actual - expected, 0)), -1)), actual.shape
+        )
         raise AssertionError(
             f"{name}: max abs err {err:.3g} > {bound:.3g} at {tuple(int(w) for w in where)}: "
-            f"got {actual[where]!r}, expected {expected[where]!r}")
+            f"got {actual[where]!r}, expected {expected[where]!r}"
+        )
 
 
 def assert_close_to_golden(out, golden, baseline, *, factor=2.0, floor=1e-12, name="out"):
@@ -85,7 +88,8 @@ def assert_close_to_golden(out, golden, baseline, *, factor=2.0, floor=1e-12, na
     err = float(np.abs(out64 - golden).max(initial=0.0))
     base = float(np.abs(base64 - golden).max(initial=0.0))
     assert err <= factor * base + floor, (
-        f"{name}: max err {err:.3g} > {factor} x baseline err {base:.3g} (+ {floor:.1g})")
+        f"{name}: max err {err:.3g} > {factor} x baseline err {base:.3g} (+ {floor:.1g})"
+    )
 
 
 # --------------------------------------------------------------------------- impl runners
@@ -129,8 +133,15 @@ class Runner:
         if isinstance(kw.get("mask"), np.ndarray):
             kw["mask"] = self.kind(kw["mask"])
         with flash_tiles(self.tiles):
-            return qkv.attention(self.kind(q), self.kind(k), self.kind(v), impl=self.impl,
-                                 return_weights=want_weights, return_lse=want_lse, **kw)
+            return qkv.attention(
+                self.kind(q),
+                self.kind(k),
+                self.kind(v),
+                impl=self.impl,
+                return_weights=want_weights,
+                return_lse=want_lse,
+                **kw,
+            )
 
     def attention(self, q, k, v, *, weights=True, lse=True, nonadditive=False, **kw):
         """Run qkv.attention and return float64 NumPy (out, weights, lse, raw return value).
@@ -199,8 +210,12 @@ RUNNERS = [
 def runner_params():
     import pytest
 
-    return [pytest.param(r, id=r.id, marks=[] if (HAS_TORCH or not r.torch) else
-                         pytest.mark.skip(reason="torch not installed")) for r in RUNNERS]
+    return [
+        pytest.param(
+            r, id=r.id, marks=[] if (HAS_TORCH or not r.torch) else pytest.mark.skip(reason="torch not installed")
+        )
+        for r in RUNNERS
+    ]
 
 
 def check_against_oracle(res, golden, tol=1e-12):
@@ -238,65 +253,173 @@ class MaskCase:
 
 MASK_CASES = [
     MaskCase("causal-square", 6, 6, lambda m: m.causal(), lambda nq, nk, m: O.causal_allowed(nq, nk), True),
-    MaskCase("causal-nq<nk-bottom-right", 3, 7, lambda m: m.causal(),
-             lambda nq, nk, m: O.causal_allowed(nq, nk), True),
-    MaskCase("causal-nq>nk-empty-top-rows", 7, 3, lambda m: m.causal(),
-             lambda nq, nk, m: O.causal_allowed(nq, nk), True),
-    MaskCase("causal-offset0-top-left", 4, 6, lambda m: m.causal(offset=0),
-             lambda nq, nk, m: O.causal_allowed(nq, nk, 0), True),
-    MaskCase("causal-offset-minus2-empty-rows", 5, 5, lambda m: m.causal(offset=-2),
-             lambda nq, nk, m: O.causal_allowed(nq, nk, -2), True),
-    MaskCase("sliding-window-3", 7, 7, lambda m: m.sliding_window(3),
-             lambda nq, nk, m: O.sliding_window_allowed(nq, nk, 3), True),
-    MaskCase("sliding-window-1-self-only-nq<nk", 5, 8, lambda m: m.sliding_window(1),
-             lambda nq, nk, m: O.sliding_window_allowed(nq, nk, 1), True),
-    MaskCase("sliding-window-2-bidirectional", 5, 8, lambda m: m.sliding_window(2, causal=False),
-             lambda nq, nk, m: O.sliding_window_allowed(nq, nk, 2, causal=False), True),
+    MaskCase("causal-nq<nk-bottom-right", 3, 7, lambda m: m.causal(), lambda nq, nk, m: O.causal_allowed(nq, nk), True),
+    MaskCase(
+        "causal-nq>nk-empty-top-rows", 7, 3, lambda m: m.causal(), lambda nq, nk, m: O.causal_allowed(nq, nk), True
+    ),
+    MaskCase(
+        "causal-offset0-top-left",
+        4,
+        6,
+        lambda m: m.causal(offset=0),
+        lambda nq, nk, m: O.causal_allowed(nq, nk, 0),
+        True,
+    ),
+    MaskCase(
+        "causal-offset-minus2-empty-rows",
+        5,
+        5,
+        lambda m: m.causal(offset=-2),
+        lambda nq, nk, m: O.causal_allowed(nq, nk, -2),
+        True,
+    ),
+    MaskCase(
+        "sliding-window-3",
+        7,
+        7,
+        lambda m: m.sliding_window(3),
+        lambda nq, nk, m: O.sliding_window_allowed(nq, nk, 3),
+        True,
+    ),
+    MaskCase(
+        "sliding-window-1-self-only-nq<nk",
+        5,
+        8,
+        lambda m: m.sliding_window(1),
+        lambda nq, nk, m: O.sliding_window_allowed(nq, nk, 1),
+        True,
+    ),
+    MaskCase(
+        "sliding-window-2-bidirectional",
+        5,
+        8,
+        lambda m: m.sliding_window(2, causal=False),
+        lambda nq, nk, m: O.sliding_window_allowed(nq, nk, 2, causal=False),
+        True,
+    ),
     MaskCase("padding-int", 5, 7, lambda m: m.padding(4), lambda nq, nk, m: O.padding_allowed(nq, nk, 4), True),
-    MaskCase("padding-per-batch", 5, 7, lambda m: m.padding(np.array([3, 7])),
-             lambda nq, nk, m: O.padding_allowed(nq, nk, [3, 7]), True),
-    MaskCase("padding-q-lengths", 5, 7, lambda m: m.padding(np.array([6, 2]), q_lengths=np.array([5, 2])),
-             lambda nq, nk, m: O.padding_allowed(nq, nk, [6, 2], [5, 2]), True),
-    MaskCase("padding-zero-length-batch", 4, 6, lambda m: m.padding(np.array([0, 6])),
-             lambda nq, nk, m: O.padding_allowed(nq, nk, [0, 6]), True),
-    MaskCase("document", 6, 6, lambda m: m.document(np.array([0, 0, 1, 1, 1, 2])),
-             lambda nq, nk, m: O.document_allowed(nq, nk, [0, 0, 1, 1, 1, 2])),
-    MaskCase("document-and-causal", 6, 6, lambda m: m.document(np.array([0, 0, 1, 1, 1, 2])) & m.causal(),
-             lambda nq, nk, m: O.document_allowed(nq, nk, [0, 0, 1, 1, 1, 2]) & O.causal_allowed(nq, nk)),
-    MaskCase("document-per-batch-nq<nk", 4, 6,
-             lambda m: m.document(np.array([[0, 0, 0, 1, 1, 1], [0, 1, 1, 2, 2, 2]])),
-             lambda nq, nk, m: O.document_allowed(nq, nk, [[0, 0, 0, 1, 1, 1], [0, 1, 1, 2, 2, 2]])),
+    MaskCase(
+        "padding-per-batch",
+        5,
+        7,
+        lambda m: m.padding(np.array([3, 7])),
+        lambda nq, nk, m: O.padding_allowed(nq, nk, [3, 7]),
+        True,
+    ),
+    MaskCase(
+        "padding-q-lengths",
+        5,
+        7,
+        lambda m: m.padding(np.array([6, 2]), q_lengths=np.array([5, 2])),
+        lambda nq, nk, m: O.padding_allowed(nq, nk, [6, 2], [5, 2]),
+        True,
+    ),
+    MaskCase(
+        "padding-zero-length-batch",
+        4,
+        6,
+        lambda m: m.padding(np.array([0, 6])),
+        lambda nq, nk, m: O.padding_allowed(nq, nk, [0, 6]),
+        True,
+    ),
+    MaskCase(
+        "document",
+        6,
+        6,
+        lambda m: m.document(np.array([0, 0, 1, 1, 1, 2])),
+        lambda nq, nk, m: O.document_allowed(nq, nk, [0, 0, 1, 1, 1, 2]),
+    ),
+    MaskCase(
+        "document-and-causal",
+        6,
+        6,
+        lambda m: m.document(np.array([0, 0, 1, 1, 1, 2])) & m.causal(),
+        lambda nq, nk, m: O.document_allowed(nq, nk, [0, 0, 1, 1, 1, 2]) & O.causal_allowed(nq, nk),
+    ),
+    MaskCase(
+        "document-per-batch-nq<nk",
+        4,
+        6,
+        lambda m: m.document(np.array([[0, 0, 0, 1, 1, 1], [0, 1, 1, 2, 2, 2]])),
+        lambda nq, nk, m: O.document_allowed(nq, nk, [[0, 0, 0, 1, 1, 1], [0, 1, 1, 2, 2, 2]]),
+    ),
     MaskCase("prefix-lm", 6, 6, lambda m: m.prefix_lm(3), lambda nq, nk, m: O.prefix_lm_allowed(nq, nk, 3), True),
-    MaskCase("prefix-lm-nq<nk", 3, 6, lambda m: m.prefix_lm(2),
-             lambda nq, nk, m: O.prefix_lm_allowed(nq, nk, 2), True),
-    MaskCase("global-tokens", 8, 8, lambda m: m.global_tokens([0, 5]),
-             lambda nq, nk, m: O.global_tokens_allowed(nq, nk, [0, 5]), True),
-    MaskCase("global-tokens-nq<nk", 3, 8, lambda m: m.global_tokens([1, 6]),
-             lambda nq, nk, m: O.global_tokens_allowed(nq, nk, [1, 6]), True),
+    MaskCase("prefix-lm-nq<nk", 3, 6, lambda m: m.prefix_lm(2), lambda nq, nk, m: O.prefix_lm_allowed(nq, nk, 2), True),
+    MaskCase(
+        "global-tokens",
+        8,
+        8,
+        lambda m: m.global_tokens([0, 5]),
+        lambda nq, nk, m: O.global_tokens_allowed(nq, nk, [0, 5]),
+        True,
+    ),
+    MaskCase(
+        "global-tokens-nq<nk",
+        3,
+        8,
+        lambda m: m.global_tokens([1, 6]),
+        lambda nq, nk, m: O.global_tokens_allowed(nq, nk, [1, 6]),
+        True,
+    ),
     MaskCase("dilated", 8, 8, lambda m: m.dilated(2, 2), lambda nq, nk, m: O.dilated_allowed(nq, nk, 2, 2)),
-    MaskCase("dilated-and-causal", 9, 9, lambda m: m.dilated(3, 2) & m.causal(),
-             lambda nq, nk, m: O.dilated_allowed(nq, nk, 3, 2) & O.causal_allowed(nq, nk)),
-    MaskCase("random-blocks", 8, 9, lambda m: m.random_blocks(2, 2, seed=0),
-             lambda nq, nk, m: m.random_blocks(2, 2, seed=0).dense(nq, nk)),
+    MaskCase(
+        "dilated-and-causal",
+        9,
+        9,
+        lambda m: m.dilated(3, 2) & m.causal(),
+        lambda nq, nk, m: O.dilated_allowed(nq, nk, 3, 2) & O.causal_allowed(nq, nk),
+    ),
+    MaskCase(
+        "random-blocks",
+        8,
+        9,
+        lambda m: m.random_blocks(2, 2, seed=0),
+        lambda nq, nk, m: m.random_blocks(2, 2, seed=0).dense(nq, nk),
+    ),
     MaskCase("from-dense", 5, 7, lambda m: m.from_dense(_FROM_DENSE), lambda nq, nk, m: _FROM_DENSE),
-    MaskCase("from-fn", 5, 7, lambda m: m.from_fn(lambda i, j: (i + 2 * j) % 3 != 0),
-             lambda nq, nk, m: O._grid(nq, nk, lambda i, j: (i + 2 * j) % 3 != 0)),
-    MaskCase("longformer", 8, 8, lambda m: m.sliding_window(2) | m.global_tokens([0]),
-             lambda nq, nk, m: O.sliding_window_allowed(nq, nk, 2) | O.global_tokens_allowed(nq, nk, [0])),
-    MaskCase("bigbird", 8, 8,
-             lambda m: m.sliding_window(2, causal=False) | m.global_tokens([0, 7]) | m.random_blocks(2, 1, seed=3),
-             lambda nq, nk, m: (O.sliding_window_allowed(nq, nk, 2, causal=False)
-                                | O.global_tokens_allowed(nq, nk, [0, 7])
-                                | m.random_blocks(2, 1, seed=3).dense(nq, nk))),
-    MaskCase("not-causal-last-row-empty", 5, 5, lambda m: ~m.causal(),
-             lambda nq, nk, m: ~O.causal_allowed(nq, nk)),
-    MaskCase("padding-and-causal", 5, 7, lambda m: m.padding(np.array([7, 4]), q_lengths=np.array([5, 3]))
-             & m.causal(),
-             lambda nq, nk, m: O.padding_allowed(nq, nk, [7, 4], [5, 3]) & O.causal_allowed(nq, nk)),
-    MaskCase("prefix-or-sliding-and-not-global", 7, 7,
-             lambda m: (m.prefix_lm(2) | m.sliding_window(2, causal=False)) & ~m.global_tokens([3]),
-             lambda nq, nk, m: (O.prefix_lm_allowed(nq, nk, 2) | O.sliding_window_allowed(nq, nk, 2, causal=False))
-             & ~O.global_tokens_allowed(nq, nk, [3])),
+    MaskCase(
+        "from-fn",
+        5,
+        7,
+        lambda m: m.from_fn(lambda i, j: (i + 2 * j) % 3 != 0),
+        lambda nq, nk, m: O._grid(nq, nk, lambda i, j: (i + 2 * j) % 3 != 0),
+    ),
+    MaskCase(
+        "longformer",
+        8,
+        8,
+        lambda m: m.sliding_window(2) | m.global_tokens([0]),
+        lambda nq, nk, m: O.sliding_window_allowed(nq, nk, 2) | O.global_tokens_allowed(nq, nk, [0]),
+    ),
+    MaskCase(
+        "bigbird",
+        8,
+        8,
+        lambda m: m.sliding_window(2, causal=False) | m.global_tokens([0, 7]) | m.random_blocks(2, 1, seed=3),
+        lambda nq, nk, m: (
+            O.sliding_window_allowed(nq, nk, 2, causal=False)
+            | O.global_tokens_allowed(nq, nk, [0, 7])
+            | m.random_blocks(2, 1, seed=3).dense(nq, nk)
+        ),
+    ),
+    MaskCase("not-causal-last-row-empty", 5, 5, lambda m: ~m.causal(), lambda nq, nk, m: ~O.causal_allowed(nq, nk)),
+    MaskCase(
+        "padding-and-causal",
+        5,
+        7,
+        lambda m: m.padding(np.array([7, 4]), q_lengths=np.array([5, 3])) & m.causal(),
+        lambda nq, nk, m: O.padding_allowed(nq, nk, [7, 4], [5, 3]) & O.causal_allowed(nq, nk),
+    ),
+    MaskCase(
+        "prefix-or-sliding-and-not-global",
+        7,
+        7,
+        lambda m: (m.prefix_lm(2) | m.sliding_window(2, causal=False)) & ~m.global_tokens([3]),
+        lambda nq, nk, m: (
+            (O.prefix_lm_allowed(nq, nk, 2) | O.sliding_window_allowed(nq, nk, 2, causal=False))
+            & ~O.global_tokens_allowed(nq, nk, [3])
+        ),
+    ),
 ]
 
 
@@ -321,30 +444,73 @@ class ScoreCase:
         return pytest.param(self, id=self.id)
 
 
-_TABLE_SHARED = np.array([0.3, -0.7, 0.5, 1.1, -0.2])          # M = 2
+_TABLE_SHARED = np.array([0.3, -0.7, 0.5, 1.1, -0.2])  # M = 2
 _TABLE_PER_HEAD = np.random.default_rng(5).standard_normal((4, 7))  # M = 3
 _SLOPES = np.array([0.5, 0.25, 1.0, 2.0])
 
 SCORE_CASES = [
     ScoreCase("alibi-n-heads-4", 4, 2, lambda s: s.alibi(n_heads=4), lambda: O.alibi_score(O.alibi_slopes(4)), True),
-    ScoreCase("alibi-n-heads-6-not-power-of-two", 6, 3, lambda s: s.alibi(n_heads=6),
-              lambda: O.alibi_score(O.alibi_slopes(6)), True),
+    ScoreCase(
+        "alibi-n-heads-6-not-power-of-two",
+        6,
+        3,
+        lambda s: s.alibi(n_heads=6),
+        lambda: O.alibi_score(O.alibi_slopes(6)),
+        True,
+    ),
     ScoreCase("alibi-default-slopes", 4, 4, lambda s: s.alibi(), lambda: O.alibi_score(O.alibi_slopes(4)), True),
     ScoreCase("alibi-custom-slopes", 4, 1, lambda s: s.alibi(slopes=_SLOPES), lambda: O.alibi_score(_SLOPES), True),
     ScoreCase("softcap", 2, 2, lambda s: s.softcap(2.0), lambda: O.softcap_score(2.0), False, scale=1.0),
     ScoreCase("temperature", 2, 1, lambda s: s.temperature(0.5), lambda: O.temperature_score(0.5), False),
-    ScoreCase("relative-bias-shared-table", 2, 2, lambda s: s.relative_bias(_TABLE_SHARED, 2),
-              lambda: O.relative_bias_score(_TABLE_SHARED, 2), True),
-    ScoreCase("relative-bias-per-head", 4, 2, lambda s: s.relative_bias(_TABLE_PER_HEAD, 3),
-              lambda: O.relative_bias_score(_TABLE_PER_HEAD, 3), True),
-    ScoreCase("temperature-then-softcap", 2, 2, lambda s: s.temperature(2.0) + s.softcap(1.5),
-              lambda: O.chain_scores(O.temperature_score(2.0), O.softcap_score(1.5)), False, scale=1.0),
-    ScoreCase("softcap-then-temperature", 2, 2, lambda s: s.softcap(1.5) + s.temperature(2.0),
-              lambda: O.chain_scores(O.softcap_score(1.5), O.temperature_score(2.0)), False, scale=1.0),
-    ScoreCase("alibi-then-softcap", 4, 2, lambda s: s.alibi(n_heads=4) + s.softcap(3.0),
-              lambda: O.chain_scores(O.alibi_score(O.alibi_slopes(4)), O.softcap_score(3.0)), False, scale=1.0),
-    ScoreCase("relative-bias-then-alibi", 4, 4,
-              lambda s: s.relative_bias(_TABLE_PER_HEAD, 3) + s.alibi(n_heads=4),
-              lambda: O.chain_scores(O.relative_bias_score(_TABLE_PER_HEAD, 3), O.alibi_score(O.alibi_slopes(4))),
-              True),
+    ScoreCase(
+        "relative-bias-shared-table",
+        2,
+        2,
+        lambda s: s.relative_bias(_TABLE_SHARED, 2),
+        lambda: O.relative_bias_score(_TABLE_SHARED, 2),
+        True,
+    ),
+    ScoreCase(
+        "relative-bias-per-head",
+        4,
+        2,
+        lambda s: s.relative_bias(_TABLE_PER_HEAD, 3),
+        lambda: O.relative_bias_score(_TABLE_PER_HEAD, 3),
+        True,
+    ),
+    ScoreCase(
+        "temperature-then-softcap",
+        2,
+        2,
+        lambda s: s.temperature(2.0) + s.softcap(1.5),
+        lambda: O.chain_scores(O.temperature_score(2.0), O.softcap_score(1.5)),
+        False,
+        scale=1.0,
+    ),
+    ScoreCase(
+        "softcap-then-temperature",
+        2,
+        2,
+        lambda s: s.softcap(1.5) + s.temperature(2.0),
+        lambda: O.chain_scores(O.softcap_score(1.5), O.temperature_score(2.0)),
+        False,
+        scale=1.0,
+    ),
+    ScoreCase(
+        "alibi-then-softcap",
+        4,
+        2,
+        lambda s: s.alibi(n_heads=4) + s.softcap(3.0),
+        lambda: O.chain_scores(O.alibi_score(O.alibi_slopes(4)), O.softcap_score(3.0)),
+        False,
+        scale=1.0,
+    ),
+    ScoreCase(
+        "relative-bias-then-alibi",
+        4,
+        4,
+        lambda s: s.relative_bias(_TABLE_PER_HEAD, 3) + s.alibi(n_heads=4),
+        lambda: O.chain_scores(O.relative_bias_score(_TABLE_PER_HEAD, 3), O.alibi_score(O.alibi_slopes(4))),
+        True,
+    ),
 ]

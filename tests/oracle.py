@@ -76,8 +76,7 @@ def attention_oracle(q, k, v, allowed=None, bias=None, scale=None, score_fn=None
                 for jj in range(nk):
                     out[b + (h, i)] += weights[b + (h, i, jj)] * v[b + (kv, jj)]
     strip = nd - out_ndim
-    return (out.reshape(out.shape[strip:]), weights.reshape(weights.shape[strip:]),
-            lse.reshape(lse.shape[strip:]))
+    return (out.reshape(out.shape[strip:]), weights.reshape(weights.shape[strip:]), lse.reshape(lse.shape[strip:]))
 
 
 def weighted_values(weights, v):
@@ -97,7 +96,7 @@ def weighted_values(weights, v):
             for i in range(nq):
                 for jj in range(nk):
                     out[b + (h, i)] += weights[b + (h, i, jj)] * v[b + (h // group, jj)]
-    return out.reshape(out.shape[nd - out_ndim:])
+    return out.reshape(out.shape[nd - out_ndim :])
 
 
 def softmax_oracle(x):
@@ -168,9 +167,11 @@ def causal_allowed(nq, nk, offset=None):
 
 def sliding_window_allowed(nq, nk, size, causal=True):
     """causal: 0 <= p - j < size; otherwise |p - j| < size."""
+
     def pred(i, j):
         d = i + (nk - nq) - j
         return 0 <= d < size if causal else abs(d) < size
+
     return _grid(nq, nk, pred)
 
 
@@ -213,9 +214,11 @@ def global_tokens_allowed(nq, nk, indices):
 
 def dilated_allowed(nq, nk, window, dilation):
     """|d| < window * dilation and d divisible by dilation (symmetric)."""
+
     def pred(i, j):
         d = i + (nk - nq) - j
         return abs(d) < window * dilation and d % dilation == 0
+
     return _grid(nq, nk, pred)
 
 
@@ -228,7 +231,7 @@ def tile_classes(dense, block_q, block_k):
     out = np.zeros(dense.shape[:-2] + (nbq, nbk), dtype=np.int64)
     for a in range(nbq):
         for b in range(nbk):
-            tile = dense[..., a * block_q:(a + 1) * block_q, b * block_k:(b + 1) * block_k]
+            tile = dense[..., a * block_q : (a + 1) * block_q, b * block_k : (b + 1) * block_k]
             out[..., a, b] = np.where(tile.all(axis=(-2, -1)), 2, np.where(tile.any(axis=(-2, -1)), 1, 0))
     return out
 
@@ -241,6 +244,7 @@ def tile_classes(dense, block_q, block_k):
 def alibi_slopes(n_heads):
     """ALiBi (arXiv:2108.12409): 2^(-8k/n) for k = 1..n when n is a power of two; otherwise the
     slopes of the closest lower power of two m, then every other slope of 2m, truncated to n."""
+
     def power_of_two(n):
         return [2.0 ** (-8.0 * k / n) for k in range(1, n + 1)]
 
@@ -260,20 +264,25 @@ def alibi_score(slopes):
 
     def fn(s, h, i, j, nq, nk, xp=np):
         return s - _const(xp, slopes[h] * np.abs(i + (nk - nq) - j))
+
     return fn
 
 
 def softcap_score(c):
     """c * tanh(s / c)."""
+
     def fn(s, h, i, j, nq, nk, xp=np):
         return c * xp.tanh(s / c)
+
     return fn
 
 
 def temperature_score(t):
     """s / t."""
+
     def fn(s, h, i, j, nq, nk, xp=np):
         return s / t
+
     return fn
 
 
@@ -286,13 +295,16 @@ def relative_bias_score(table, max_distance):
         head = np.asarray(h) if table.shape[0] > 1 else np.zeros_like(np.asarray(h))
         rel = np.clip(j - (i + (nk - nq)), -max_distance, max_distance) + max_distance
         return s + _const(xp, table[head, rel])
+
     return fn
 
 
 def chain_scores(*fns):
     """Apply fns[0], then fns[1], ...: the meaning of ``a + b`` on qkv score mods."""
+
     def fn(s, h, i, j, nq, nk, xp=np):
         for f in fns:
             s = f(s, h, i, j, nq, nk, xp=xp)
         return s
+
     return fn

@@ -195,7 +195,7 @@ def test_performer_is_the_normalised_random_feature_formula(rng):
     w = orthogonal_gaussian(32, 4, seed=5)
 
     def phi(x):
-        x = x / 4 ** 0.25
+        x = x / 4**0.25
         return np.exp(x @ w.T - (x * x).sum(-1, keepdims=True) / 2)
 
     for causal in (False, True):

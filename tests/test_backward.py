@@ -12,8 +12,19 @@ from helpers import HAS_TORCH, MASK_CASES, SCORE_CASES, assert_close, documented
 FD_TOL = 1e-7  # central differences with eps=1e-6 on O(1) values
 
 
-def fd_and_backward(rng, q_shape, k_shape, v_shape=None, *, impl="reference", allowed=None, bias=None,
-                    score_fn=None, scale=None, **qkv_kw):
+def fd_and_backward(
+    rng,
+    q_shape,
+    k_shape,
+    v_shape=None,
+    *,
+    impl="reference",
+    allowed=None,
+    bias=None,
+    score_fn=None,
+    scale=None,
+    **qkv_kw,
+):
     """(numerical grads of the oracle, qkv.attention_backward grads) for one random problem."""
     q, k, v = make_qkv(rng, q_shape, k_shape, v_shape)
     kw = {"allowed": allowed, "bias": bias, "score_fn": score_fn, "scale": scale}
@@ -39,25 +50,41 @@ def check_grads(fd, got, arrays):
 def test_backward_matches_finite_differences_for_every_mask(case, impl, rng):
     mask = case.build(qkv.masks)
     allowed = case.oracle(case.nq, case.nk, qkv.masks)
-    fd, got, arrays = fd_and_backward(rng, (2, 2, case.nq, 2), (2, 1, case.nk, 2), impl=impl,
-                                      allowed=allowed, mask=mask)
+    fd, got, arrays = fd_and_backward(
+        rng, (2, 2, case.nq, 2), (2, 1, case.nk, 2), impl=impl, allowed=allowed, mask=mask
+    )
     check_grads(fd, got, arrays)
 
 
 @pytest.mark.parametrize("impl", ["reference", "flash", "auto"])
 @pytest.mark.parametrize("case", [c.param() for c in SCORE_CASES])
 def test_backward_matches_finite_differences_for_every_score_mod(case, impl, rng):
-    fd, got, arrays = fd_and_backward(rng, (1, case.h, 4, 3), (1, case.hkv, 6, 3), impl=impl,
-                                      score_fn=case.oracle(), scale=case.scale, score_mod=case.build(qkv.scores))
+    fd, got, arrays = fd_and_backward(
+        rng,
+        (1, case.h, 4, 3),
+        (1, case.hkv, 6, 3),
+        impl=impl,
+        score_fn=case.oracle(),
+        scale=case.scale,
+        score_mod=case.build(qkv.scores),
+    )
     check_grads(fd, got, arrays)
 
 
-@pytest.mark.parametrize("case", [c.param() for c in SCORE_CASES if c.id in
-                                  ("alibi-n-heads-4", "softcap", "relative-bias-then-alibi")])
+@pytest.mark.parametrize(
+    "case", [c.param() for c in SCORE_CASES if c.id in ("alibi-n-heads-4", "softcap", "relative-bias-then-alibi")]
+)
 def test_backward_score_mod_with_causal_nq_gt_nk(case, rng):
-    fd, got, arrays = fd_and_backward(rng, (1, case.h, 6, 2), (1, case.hkv, 4, 2), score_fn=case.oracle(),
-                                      scale=case.scale, allowed=O.causal_allowed(6, 4),
-                                      score_mod=case.build(qkv.scores), causal=True)
+    fd, got, arrays = fd_and_backward(
+        rng,
+        (1, case.h, 6, 2),
+        (1, case.hkv, 4, 2),
+        score_fn=case.oracle(),
+        scale=case.scale,
+        allowed=O.causal_allowed(6, 4),
+        score_mod=case.build(qkv.scores),
+        causal=True,
+    )
     check_grads(fd, got, arrays)
 
 
@@ -96,14 +123,16 @@ def test_backward_with_bool_mask_array(rng):
 
 
 def test_backward_empty_rows_give_zero_gradients_and_no_nan(rng):
-    fd, got, arrays = fd_and_backward(rng, (1, 2, 5, 3), (1, 2, 5, 3), allowed=O.causal_allowed(5, 5, -2),
-                                      mask=qkv.masks.causal(offset=-2))
+    fd, got, arrays = fd_and_backward(
+        rng, (1, 2, 5, 3), (1, 2, 5, 3), allowed=O.causal_allowed(5, 5, -2), mask=qkv.masks.causal(offset=-2)
+    )
     check_grads(fd, got, arrays)
     assert (got[0][..., :2, :] == 0).all()
     zero = np.zeros((4, 3))
     out = np.zeros((4, 3))
-    dq, dk, dv = qkv.attention_backward(np.ones((4, 3)), zero + 1, zero, zero, out, np.full(4, -np.inf),
-                                        mask=np.zeros((4, 4), dtype=bool))
+    dq, dk, dv = qkv.attention_backward(
+        np.ones((4, 3)), zero + 1, zero, zero, out, np.full(4, -np.inf), mask=np.zeros((4, 4), dtype=bool)
+    )
     for g in (dq, dk, dv):
         assert (g == 0).all()
 
@@ -134,8 +163,7 @@ def torch_reference(q, k, v, allowed, scale, score_fn):
     nq, nk = q.shape[-2], k.shape[-2]
     s = (q @ k.transpose(-1, -2)) * scale
     if score_fn is not None:
-        s = score_fn(s, np.arange(h)[:, None, None], np.arange(nq)[:, None], np.arange(nk)[None, :], nq, nk,
-                     xp=torch)
+        s = score_fn(s, np.arange(h)[:, None, None], np.arange(nq)[:, None], np.arange(nk)[None, :], nq, nk, xp=torch)
     ok = torch.ones(s.shape, dtype=torch.bool) if allowed is None else torch.from_numpy(np.asarray(allowed))
     ok = ok.expand(s.shape)
     s = s.masked_fill(~ok, float("-inf"))

@@ -104,8 +104,10 @@ def test_kept_tile_entries_by_brute_force():
     bq, bk = flash.BLOCK_Q, flash.BLOCK_K
     dense = w.dense_mask()
     expected = sum(
-        dense[i:i + bq, j:j + bk].size
-        for i in range(0, w.nq, bq) for j in range(0, w.nk, bk) if dense[i:i + bq, j:j + bk].any()
+        dense[i : i + bq, j : j + bk].size
+        for i in range(0, w.nq, bq)
+        for j in range(0, w.nk, bk)
+        if dense[i : i + bq, j : j + bk].any()
     )
     assert kept_tile_entries(w, bq, bk) == expected
     assert flops(w, "fwd", count="tiles") == 4 * w.h * w.d * expected

@@ -120,8 +120,9 @@ def write(path, fmt, name, data, header=False):
 def test_inputs_from_files_reproduce_the_literature_example(runner, tmp_path, fmt):
     args = [f"--{n}" for n in "qkv"]
     files = [write(tmp_path, fmt.removesuffix("-header"), n, LIT[n], header=fmt == "csv-header") for n in "qkv"]
-    result = run(runner, "explain", *(x for pair in zip(args, files, strict=True) for x in pair), "--scale", "1",
-                 "--json")
+    result = run(
+        runner, "explain", *(x for pair in zip(args, files, strict=True) for x in pair), "--scale", "1", "--json"
+    )
     steps = steps_of(result)
     np.testing.assert_allclose(steps["A"]["value"], LIT_A, atol=5e-5)
     np.testing.assert_allclose(steps["O"]["value"], LIT_O, atol=5e-5)
@@ -166,13 +167,16 @@ def bad_inputs(tmp_path, case):
     return ["--q", good["q"], "--k", good["k"], "--v", good["v"]]
 
 
-@pytest.mark.parametrize("case,words", [
-    ("missing", ["nope.npy", "no such file"]),
-    ("extension", ["q.txt", "unknown extension '.txt'"]),
-    ("ragged", ["r.json", "ragged"]),
-    ("not-numeric", ["k.csv", "not numeric", "line 2, column 2"]),
-    ("shape", ["ShapeError", "d_k=3", "d_k=2"]),
-])
+@pytest.mark.parametrize(
+    "case,words",
+    [
+        ("missing", ["nope.npy", "no such file"]),
+        ("extension", ["q.txt", "unknown extension '.txt'"]),
+        ("ragged", ["r.json", "ragged"]),
+        ("not-numeric", ["k.csv", "not numeric", "line 2, column 2"]),
+        ("shape", ["ShapeError", "d_k=3", "d_k=2"]),
+    ],
+)
 def test_bad_inputs_give_one_error_line_and_exit_1(runner, tmp_path, case, words):
     assert_one_line_error(run(runner, "explain", *bad_inputs(tmp_path, case)), *words)
 
@@ -214,13 +218,25 @@ def test_read_array_details(tmp_path):
 
 
 def test_python_dash_m_qkv_runs_end_to_end(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "qkv", "explain", "--json"], capture_output=True, text=True,
-                          timeout=120, check=False, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "qkv", "explain", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     steps = {s["name"]: s for s in json.loads(done.stdout)["steps"]}
     np.testing.assert_allclose(steps["O"]["value"], [[0.5989, 1.0000], [0.5989, 1.2033]], atol=5e-5)
-    failed = subprocess.run([sys.executable, "-m", "qkv", "explain", "--q", "nope.npy", "--k", "k.npy", "--v",
-                             "v.npy"], capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path)
+    failed = subprocess.run(
+        [sys.executable, "-m", "qkv", "explain", "--q", "nope.npy", "--k", "k.npy", "--v", "v.npy"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
     assert failed.returncode == 1 and failed.stdout == ""
     assert failed.stderr.strip() == "error: ArgumentError: nope.npy: no such file"
 
@@ -240,16 +256,16 @@ def test_every_subcommand_of_the_real_qkv_app_has_help():
 
 
 def test_qkv_complexity_gives_the_classic_4_3_gb_of_weights():
-    res = CliRunner().invoke(app, ["complexity", "--n", "2048", "--batch", "8", "--heads", "32",
-                                   "--impl", "reference", "--json"])
+    res = CliRunner().invoke(
+        app, ["complexity", "--n", "2048", "--batch", "8", "--heads", "32", "--impl", "reference", "--json"]
+    )
     assert res.exit_code == 0, res.output
     row = json.loads(res.stdout)["rows"][0]
     assert row["score_bytes"] == 8 * 32 * 2048**2 * 4  # 4.29e9 bytes
 
 
 def test_qkv_bench_quick_runs_through_the_real_app():
-    res = CliRunner().invoke(app, ["bench", "--quick", "--workload", "causal", "--n", "256", "--mode", "fwd",
-                                   "--json"])
+    res = CliRunner().invoke(app, ["bench", "--quick", "--workload", "causal", "--n", "256", "--mode", "fwd", "--json"])
     assert res.exit_code == 0, res.output
     ok = [r for r in json.loads(res.stdout) if r["status"] == "ok"]
     assert {"qkv-flash", "qkv-auto", "sdpa-flash"} <= {r["impl"] for r in ok}

@@ -50,7 +50,7 @@ def _kept_pairs(allowed, bq, bk):
     pairs = 0
     for q0 in range(0, nq, bq):
         for k0 in range(0, nk, bk):
-            tile = allowed[q0:q0 + bq, k0:k0 + bk]
+            tile = allowed[q0 : q0 + bq, k0 : k0 + bk]
             pairs += tile.size if tile.any() else 0
     return pairs
 
@@ -120,8 +120,7 @@ MEASURED = [  # each predicted at >= 10 MB: below that, allocator reuse of resid
     pytest.param("numpy", "flash", 2048, 16, "none", False, id="numpy-flash"),
     pytest.param("numpy", "flash", 1024, 16, "none", True, id="numpy-flash-backward"),
     pytest.param("torch", "flash", 2048, 32, "causal", True, id="torch-flash-causal-backward", marks=needs_torch),
-    pytest.param("torch", "torch", 2048, 8, "sliding:128", False, id="torch-sdpa-mask",
-                 marks=needs_torch),
+    pytest.param("torch", "torch", 2048, 8, "sliding:128", False, id="torch-sdpa-mask", marks=needs_torch),
     pytest.param("torch", "reference", 512, 8, "causal", True, id="torch-reference-backward", marks=needs_torch),
 ]
 
@@ -131,8 +130,19 @@ def test_predicted_peak_memory_is_within_2x_of_the_measured(lib, impl, n, h, mas
     from qkv._complexity_cli import parse_mask
 
     e = estimate(n, heads=h, impl=impl, mask=parse_mask(mask), backward=backward)
-    config = {"batch": 1, "heads": h, "kv_heads": h, "n": n, "d": 64, "dtype": "float32", "impl": impl,
-              "mask": mask, "backward": backward, "lib": lib, "repeats": 0}
+    config = {
+        "batch": 1,
+        "heads": h,
+        "kv_heads": h,
+        "n": n,
+        "d": 64,
+        "dtype": "float32",
+        "impl": impl,
+        "mask": mask,
+        "backward": backward,
+        "lib": lib,
+        "repeats": 0,
+    }
     # RSS can only under-read a peak (the allocator reuses memory it already held), so the peak is
     # the larger of two fresh-process readings
     got = max((measure(config) for _ in range(2)), key=lambda r: r["extra"])
@@ -159,21 +169,37 @@ def test_cli_table_shows_the_classic_example(cli):
 
 
 def test_cli_json_has_one_row_per_impl_and_n(cli):
-    r = cli("--n", "512,1k", "--impl", "reference,flash", "--impl", "torch", "--mask", "sliding:128", "--kv-heads",
-            "2", "--backward", "--json")
+    r = cli(
+        "--n",
+        "512,1k",
+        "--impl",
+        "reference,flash",
+        "--impl",
+        "torch",
+        "--mask",
+        "sliding:128",
+        "--kv-heads",
+        "2",
+        "--backward",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     rows = json.loads(r.output)["rows"]
-    assert [(x["impl"], x["n_q"]) for x in rows] == [(i, n) for i in ("reference", "flash", "torch")
-                                                      for n in (512, 1000)]
+    assert [(x["impl"], x["n_q"]) for x in rows] == [
+        (i, n) for i in ("reference", "flash", "torch") for n in (512, 1000)
+    ]
     assert all(x["backward"] and x["kv_heads"] == 2 and x["mask"] == "sliding_window(128)" for x in rows)
 
 
-@pytest.mark.parametrize("args,words", [
-    (["--mask", "window"], "--mask must be none, causal or sliding:W"),
-    (["--n", "12,x"], "--n must be comma-separated integers"),
-    (["--impl", "fast"], "--impl must be among"),
-    (["--heads", "6", "--kv-heads", "4"], "heads=6 is not a multiple of kv_heads=4"),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["--mask", "window"], "--mask must be none, causal or sliding:W"),
+        (["--n", "12,x"], "--n must be comma-separated integers"),
+        (["--impl", "fast"], "--impl must be among"),
+        (["--heads", "6", "--kv-heads", "4"], "heads=6 is not a multiple of kv_heads=4"),
+    ],
+)
 def test_cli_errors_are_one_line(cli, args, words):
     r = cli(*args)
     assert r.exit_code == 1 and words in r.output and "Traceback" not in r.output

@@ -77,9 +77,7 @@ def test_causal_is_bottom_right(impl, rng):
         1 1 1 0
         1 1 1 1
     """
-    picture = np.array([[1, 1, 0, 0],
-                        [1, 1, 1, 0],
-                        [1, 1, 1, 1]], dtype=bool)
+    picture = np.array([[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]], dtype=bool)
     q, k, v = make_qkv(rng, (2, 2, 3, 5), (2, 2, 4, 5))
     res = impl.attention(q, k, v, causal=True)
     check_against_oracle(res, O.attention_oracle(q, k, v, allowed=picture))
@@ -224,8 +222,7 @@ def test_half_precision_accumulates_in_float32_and_returns_input_dtype(impl, rng
         assert_close_to_golden(res.weights, golden[1], base_w.astype(np.float16), name="weights")
     if res.lse is not None:
         assert str(res.raw[-1].dtype).endswith("float32")
-        assert_close_to_golden(res.lse, golden[2], base_lse, floor=8 * 2.0**-23 * np.abs(golden[2]).max(),
-                               name="lse")
+        assert_close_to_golden(res.lse, golden[2], base_lse, floor=8 * 2.0**-23 * np.abs(golden[2]).max(), name="lse")
 
 
 def test_half_precision_bound_rejects_float16_accumulation(rng):
@@ -259,8 +256,7 @@ def test_half_precision_torch_accumulates_in_float32(dtype_name, impl_name, rng)
         assert_close_to_golden(res.weights, golden[1], base_w, name="weights")
     if res.lse is not None:
         assert res.raw[-1].dtype == torch.float32
-        assert_close_to_golden(res.lse, golden[2], base_lse, floor=8 * 2.0**-23 * np.abs(golden[2]).max(),
-                               name="lse")
+        assert_close_to_golden(res.lse, golden[2], base_lse, floor=8 * 2.0**-23 * np.abs(golden[2]).max(), name="lse")
 
 
 def test_gqa_head_order_is_repeat_interleave(impl, rng):

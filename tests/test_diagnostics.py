@@ -61,8 +61,9 @@ def test_entropy_matches_the_formula_and_empty_rows_give_zero(rng):
     w[0, 1] = 0.0  # an empty row
     e = D.entropy(w)
     assert_close(e.nats, entropy_loop(w))
-    assert_close(e.normalised, entropy_loop(w) / np.where((w > 0).sum(-1) > 1, np.log(np.maximum((w > 0).sum(-1), 2)),
-                                                            np.inf))
+    assert_close(
+        e.normalised, entropy_loop(w) / np.where((w > 0).sum(-1) > 1, np.log(np.maximum((w > 0).sum(-1), 2)), np.inf)
+    )
     assert e.nats[0, 1] == 0 and e.normalised[0, 1] == 0 and not np.signbit(e.nats).any()
 
 
@@ -79,11 +80,14 @@ def test_check_reports_row_sums_and_empty_rows(rng):
     assert "ok" in str(r)
 
 
-@pytest.mark.parametrize("bad,what", [
-    pytest.param(lambda w: w.__setitem__((0, 1), np.nan), "non-finite", id="nan"),
-    pytest.param(lambda w: w.__setitem__((1, 0), -0.1), "negative", id="negative"),
-    pytest.param(lambda w: w.__setitem__((2,), w[2] * 1.01), "sums to 1", id="row-sum"),
-])
+@pytest.mark.parametrize(
+    "bad,what",
+    [
+        pytest.param(lambda w: w.__setitem__((0, 1), np.nan), "non-finite", id="nan"),
+        pytest.param(lambda w: w.__setitem__((1, 0), -0.1), "negative", id="negative"),
+        pytest.param(lambda w: w.__setitem__((2,), w[2] * 1.01), "sums to 1", id="row-sum"),
+    ],
+)
 def test_check_finds_what_is_wrong_and_raises_on_request(bad, what, rng):
     w = random_rows(rng, (3, 4))
     bad(w)
@@ -114,7 +118,7 @@ def test_compare_gives_relative_error_per_row_and_overall(rng):
             norm = math.sqrt(sum(exact[b, i] ** 2))
             rows[b, i] = diff / norm if norm > 0 else diff
     assert_close(c.rows, rows)
-    assert abs(c.overall - np.sqrt(((approx - exact) ** 2).sum() / (exact ** 2).sum())) < 1e-12
+    assert abs(c.overall - np.sqrt(((approx - exact) ** 2).sum() / (exact**2).sum())) < 1e-12
     assert abs(c.max - rows.max()) < 1e-12 and abs(c.mean - rows.mean()) < 1e-12
     assert D.compare(exact, exact).overall == 0.0
     json.dumps(c.to_dict())

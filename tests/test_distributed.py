@@ -24,33 +24,127 @@ TOL64 = 1e-10
 
 W2_CASES = [
     {"name": "ring-dense", "fn": "ring", "h": 2, "hkv": 2, "n": 8, "dk": 4, "seed": 1},
-    {"name": "ring-causal-gqa", "fn": "ring", "b": 2, "h": 4, "hkv": 2, "n": 8, "dk": 4, "dv": 3, "causal": True,
-     "seed": 2},
-    {"name": "ring-causal-zigzag-mqa", "fn": "ring", "h": 4, "hkv": 1, "n": 8, "dk": 4, "causal": True,
-     "layout": "zigzag", "seed": 3},
+    {
+        "name": "ring-causal-gqa",
+        "fn": "ring",
+        "b": 2,
+        "h": 4,
+        "hkv": 2,
+        "n": 8,
+        "dk": 4,
+        "dv": 3,
+        "causal": True,
+        "seed": 2,
+    },
+    {
+        "name": "ring-causal-zigzag-mqa",
+        "fn": "ring",
+        "h": 4,
+        "hkv": 1,
+        "n": 8,
+        "dk": 4,
+        "causal": True,
+        "layout": "zigzag",
+        "seed": 3,
+    },
     {"name": "ring-dense-zigzag", "fn": "ring", "h": 2, "hkv": 2, "n": 8, "dk": 4, "layout": "zigzag", "seed": 4},
-    {"name": "ring-causal-nq<nk", "fn": "ring", "h": 2, "hkv": 1, "n": 8, "nk": 16, "dk": 4, "causal": True,
-     "seed": 5},
-    {"name": "ring-causal-float32", "fn": "ring", "h": 2, "hkv": 2, "n": 16, "dk": 8, "causal": True,
-     "dtype": "float32", "seed": 6},
-    {"name": "ring-group-of-one", "fn": "ring", "h": 2, "hkv": 2, "n": 8, "dk": 4, "causal": True,
-     "layout": "zigzag", "group": "single", "seed": 7},
-    {"name": "ulysses-causal-gqa", "fn": "ulysses", "h": 4, "hkv": 2, "n": 8, "dk": 4, "dv": 6, "causal": True,
-     "seed": 8},
-    {"name": "ulysses-dense-float32", "fn": "ulysses", "b": 2, "h": 2, "hkv": 2, "n": 16, "dk": 8,
-     "dtype": "float32", "seed": 9},
+    {"name": "ring-causal-nq<nk", "fn": "ring", "h": 2, "hkv": 1, "n": 8, "nk": 16, "dk": 4, "causal": True, "seed": 5},
+    {
+        "name": "ring-causal-float32",
+        "fn": "ring",
+        "h": 2,
+        "hkv": 2,
+        "n": 16,
+        "dk": 8,
+        "causal": True,
+        "dtype": "float32",
+        "seed": 6,
+    },
+    {
+        "name": "ring-group-of-one",
+        "fn": "ring",
+        "h": 2,
+        "hkv": 2,
+        "n": 8,
+        "dk": 4,
+        "causal": True,
+        "layout": "zigzag",
+        "group": "single",
+        "seed": 7,
+    },
+    {
+        "name": "ulysses-causal-gqa",
+        "fn": "ulysses",
+        "h": 4,
+        "hkv": 2,
+        "n": 8,
+        "dk": 4,
+        "dv": 6,
+        "causal": True,
+        "seed": 8,
+    },
+    {
+        "name": "ulysses-dense-float32",
+        "fn": "ulysses",
+        "b": 2,
+        "h": 2,
+        "hkv": 2,
+        "n": 16,
+        "dk": 8,
+        "dtype": "float32",
+        "seed": 9,
+    },
 ]
 W4_CASES = [
     {"name": "ring-causal-gqa", "fn": "ring", "h": 4, "hkv": 2, "n": 16, "dk": 4, "causal": True, "seed": 11},
-    {"name": "ring-causal-zigzag-gqa", "fn": "ring", "b": 2, "h": 4, "hkv": 2, "n": 16, "dk": 4, "dv": 5,
-     "causal": True, "layout": "zigzag", "seed": 12},
-    {"name": "ring-dense-zigzag-nq<nk", "fn": "ring", "h": 2, "hkv": 2, "n": 8, "nk": 16, "dk": 4,
-     "layout": "zigzag", "seed": 13},
-    {"name": "ring-subgroups-of-two", "fn": "ring", "h": 2, "hkv": 1, "n": 8, "dk": 4, "causal": True,
-     "layout": "zigzag", "group": "pairs", "seed": 14},
+    {
+        "name": "ring-causal-zigzag-gqa",
+        "fn": "ring",
+        "b": 2,
+        "h": 4,
+        "hkv": 2,
+        "n": 16,
+        "dk": 4,
+        "dv": 5,
+        "causal": True,
+        "layout": "zigzag",
+        "seed": 12,
+    },
+    {
+        "name": "ring-dense-zigzag-nq<nk",
+        "fn": "ring",
+        "h": 2,
+        "hkv": 2,
+        "n": 8,
+        "nk": 16,
+        "dk": 4,
+        "layout": "zigzag",
+        "seed": 13,
+    },
+    {
+        "name": "ring-subgroups-of-two",
+        "fn": "ring",
+        "h": 2,
+        "hkv": 1,
+        "n": 8,
+        "dk": 4,
+        "causal": True,
+        "layout": "zigzag",
+        "group": "pairs",
+        "seed": 14,
+    },
     {"name": "ulysses-causal-gqa", "fn": "ulysses", "h": 8, "hkv": 4, "n": 8, "dk": 4, "causal": True, "seed": 15},
-    {"name": "ulysses-subgroups-of-two", "fn": "ulysses", "h": 2, "hkv": 2, "n": 8, "dk": 4, "causal": True,
-     "group": "pairs", "seed": 16},
+    {
+        "name": "ulysses-subgroups-of-two",
+        "fn": "ulysses",
+        "h": 2,
+        "hkv": 2,
+        "n": 8,
+        "dk": 4,
+        "causal": True,
+        "group": "pairs",
+        "seed": 16,
+    },
 ]
 
 
@@ -73,7 +167,8 @@ def judge(reports, cases):
             fwd_sent, fwd_pred, all_sent, all_pred = err["bytes"]
             assert (fwd_sent, all_sent) == (fwd_pred, all_pred), (
                 f"{where}: sent {fwd_sent} B forward, {all_sent} B with backward; "
-                f"qkv.complexity.communication predicts {fwd_pred} and {all_pred}")
+                f"qkv.complexity.communication predicts {fwd_pred} and {all_pred}"
+            )
 
 
 @pytest.fixture(scope="module")
@@ -90,10 +185,14 @@ def test_world_size_2_ring_and_ulysses_equal_single_process_attention_and_errors
         "ulysses_heads": ("ShapeError", "q has H=3 heads on axis -3, which does not divide by the world size 2"),
         "ulysses_kv_heads": ("ShapeError", "k has Hkv=1 heads on axis -3, which does not divide by the world size 2"),
         "zigzag_odd_shard": ("ShapeError", "q has 3 positions on axis -2 on this rank"),
-        "shard_not_divisible": ("ShapeError", "x has N=5 positions on axis -2, which does not divide into world "
-                                              "size 2"),
-        "shard_zigzag_not_divisible": ("ShapeError", "x has N=6 positions on axis -2, which does not divide into 2 · "
-                                                     "world size = 4 chunks"),
+        "shard_not_divisible": (
+            "ShapeError",
+            "x has N=5 positions on axis -2, which does not divide into world size 2",
+        ),
+        "shard_zigzag_not_divisible": (
+            "ShapeError",
+            "x has N=6 positions on axis -2, which does not divide into 2 · world size = 4 chunks",
+        ),
         "unknown_layout": ("ArgumentError", "layout must be one of ['contiguous', 'zigzag'], got 'striped'"),
         "gather_numpy": ("DTypeError", "gather_sequence runs on torch tensors"),
     }
@@ -117,9 +216,20 @@ def test_a_rank_that_raises_fails_the_run_quickly_with_its_message(worker):
 def test_torchrun_recipe_runs_the_example_on_two_processes():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "error"}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         str(ROOT / "examples" / "ring_torchrun.py")],
-        capture_output=True, text=True, timeout=90, env=env, cwd=ROOT)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(ROOT / "examples" / "ring_torchrun.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert any(line.startswith("ring     on 2 ranks") for line in lines), proc.stdout
@@ -138,8 +248,12 @@ def test_without_a_process_group_the_error_says_how_to_start_one(call):
 
     assert not dist.is_initialized()
     x = torch.zeros(1, 2, 4, 4)
-    run = {"ring": lambda: ring_attention(x, x, x), "ulysses": lambda: ulysses_attention(x, x, x),
-           "shard": lambda: shard_sequence(x), "gather": lambda: gather_sequence(x)}[call]
+    run = {
+        "ring": lambda: ring_attention(x, x, x),
+        "ulysses": lambda: ulysses_attention(x, x, x),
+        "shard": lambda: shard_sequence(x),
+        "gather": lambda: gather_sequence(x),
+    }[call]
     with pytest.raises(DistributedError, match=r"init_process_group(.|\n)*torchrun(.|\n)*simulate_ring"):
         run()
     assert issubclass(DistributedError, RuntimeError)
@@ -155,7 +269,9 @@ def test_numpy_inputs_to_the_ring_raise_type_error():
 
 
 def test_import_qkv_does_not_import_the_distributed_package():
-    code = "import sys, qkv; qkv.merge_attention; qkv.complexity.communication; " \
-           "print(sorted(m for m in sys.modules if m.startswith(('qkv.distributed', 'torch'))))"
+    code = (
+        "import sys, qkv; qkv.merge_attention; qkv.complexity.communication; "
+        "print(sorted(m for m in sys.modules if m.startswith(('qkv.distributed', 'torch'))))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr

@@ -57,7 +57,7 @@ def blocks(text: str) -> list[Block]:
         indent, fence = m["indent"], m["fence"]
         closing = re.compile(rf"^{re.escape(indent)}{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$")
         end = next((e for e in range(n + 1, len(lines)) if closing.match(lines[e])), len(lines))
-        code = textwrap.dedent("\n".join(lines[n + 1:end])) + "\n"
+        code = textwrap.dedent("\n".join(lines[n + 1 : end])) + "\n"
         skipped = n > 0 and lines[n - 1].strip() == NO_RUN
         found.append(Block(m["lang"].lower(), code, n + 2, skipped, m["info"]))
         n = end + 1
@@ -90,11 +90,17 @@ def run_page(path: Path) -> int:
 
 
 def test_the_parser_finds_blocks_and_the_marker():
-    text = "a\n```python\nx = 1\n```\n\n<!-- no-run -->\n```python\nraise SystemExit\n```\n" \
-           "- item\n\n    ```pycon\n    >>> 1 + 1\n    2\n    ```\n```text\nnot code\n```\n"
+    text = (
+        "a\n```python\nx = 1\n```\n\n<!-- no-run -->\n```python\nraise SystemExit\n```\n"
+        "- item\n\n    ```pycon\n    >>> 1 + 1\n    2\n    ```\n```text\nnot code\n```\n"
+    )
     got = blocks(text)
     assert [(b.lang, b.skipped, b.line) for b in got] == [
-        ("python", False, 3), ("python", True, 8), ("pycon", False, 13), ("text", False, 17)]
+        ("python", False, 3),
+        ("python", True, 8),
+        ("pycon", False, 13),
+        ("text", False, 17),
+    ]
     assert got[2].code == ">>> 1 + 1\n2\n"
 
 
@@ -109,8 +115,12 @@ def test_a_wrong_pycon_output_fails_the_page(tmp_path):
 
 def test_code_fences_render_as_code_blocks():
     assert not INFO.match(" no-run") and INFO.match(' title="a.py" linenums="1"') and INFO.match(" {.python}")
-    bad = [f"{p.relative_to(ROOT)}:{b.line - 1}: ```{b.lang}{b.info}" for p in sorted(DOCS.rglob("*.md"))
-           for b in blocks(p.read_text("utf-8")) if not INFO.match(b.info)]
+    bad = [
+        f"{p.relative_to(ROOT)}:{b.line - 1}: ```{b.lang}{b.info}"
+        for p in sorted(DOCS.rglob("*.md"))
+        for b in blocks(p.read_text("utf-8"))
+        if not INFO.match(b.info)
+    ]
     assert not bad, f"fences superfences would not render (use {NO_RUN} on the line above to skip a block): {bad}"
 
 
@@ -156,16 +166,43 @@ def test_the_include_hook_cuts_sections_by_heading():
 def test_the_doctest_fencing_leaves_fenced_code_alone():
     fence = load_hooks()._FenceDoctests(None)
     lines = ["text", "", ">>> 1 + 1", "2", "", "```pycon", ">>> x", "```", "    >>> indented"]
-    assert fence.run(lines) == ["text", "", "```pycon", ">>> 1 + 1", "2", "```", "", "```pycon", ">>> x", "```",
-                                "    >>> indented"]
+    assert fence.run(lines) == [
+        "text",
+        "",
+        "```pycon",
+        ">>> 1 + 1",
+        "2",
+        "```",
+        "",
+        "```pycon",
+        ">>> x",
+        "```",
+        "    >>> indented",
+    ]
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONWARNINGS": "ignore"}
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
-                        "--site-dir", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 0, f"mkdocs build --strict failed:\n{r.stdout}\n{r.stderr}"
     return out
 
@@ -177,8 +214,11 @@ def test_mkdocs_build_strict_passes(site):
 def test_benchmarks_and_changelog_are_included_at_build_time(site):
     html = (site / "benchmarks" / "index.html").read_text("utf-8")
     # a table row of the current BENCHMARKS.md, whatever it says today
-    row = next(line for line in (ROOT / "BENCHMARKS.md").read_text("utf-8").splitlines()
-               if line.startswith("| dense fwd N=4096 | qkv-auto"))
+    row = next(
+        line
+        for line in (ROOT / "BENCHMARKS.md").read_text("utf-8").splitlines()
+        if line.startswith("| dense fwd N=4096 | qkv-auto")
+    )
     value = row.split("|")[4].strip().split(" ")[0]
     assert value in html and "<h1" in html and "qkv:include" not in html
     changelog = (site / "changelog" / "index.html").read_text("utf-8")

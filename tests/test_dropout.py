@@ -29,8 +29,9 @@ def check_dropped_weights(out, weights, lse, q, k, v, allowed=None):
 @pytest.mark.parametrize("impl", ["reference", "auto"])
 def test_dropout_numpy_generator(impl, rng):
     q, k, v = make_qkv(rng, (2, 2, 8, 4), (2, 2, 64, 4))
-    out, w, lse = qkv.attention(q, k, v, dropout=P, rng=np.random.default_rng(5), impl=impl,
-                                return_weights=True, return_lse=True)
+    out, w, lse = qkv.attention(
+        q, k, v, dropout=P, rng=np.random.default_rng(5), impl=impl, return_weights=True, return_lse=True
+    )
     check_dropped_weights(out, w, lse, q, k, v)
     again = qkv.attention(q, k, v, dropout=P, rng=np.random.default_rng(5), impl=impl, return_weights=True)
     assert (again[0] == out).all() and (again[1] == w).all(), "same seed, different result"
@@ -41,8 +42,9 @@ def test_dropout_numpy_generator(impl, rng):
 @pytest.mark.parametrize("impl", ["reference", "auto"])
 def test_dropout_with_a_causal_mask_keeps_masked_weights_zero(impl, rng):
     q, k, v = make_qkv(rng, (1, 4, 16, 4), (1, 2, 24, 4))
-    out, w, lse = qkv.attention(q, k, v, causal=True, dropout=P, rng=np.random.default_rng(1), impl=impl,
-                                return_weights=True, return_lse=True)
+    out, w, lse = qkv.attention(
+        q, k, v, causal=True, dropout=P, rng=np.random.default_rng(1), impl=impl, return_weights=True, return_lse=True
+    )
     check_dropped_weights(out, w, lse, q, k, v, allowed=O.causal_allowed(16, 24))
 
 
@@ -62,8 +64,9 @@ def test_dropout_torch_generator(impl, rng):
 
     q, k, v = make_qkv(rng, (2, 2, 8, 4), (2, 2, 64, 4))
     tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
-    out, w, lse = qkv.attention(tq, tk, tv, dropout=P, rng=torch.Generator().manual_seed(5), impl=impl,
-                                return_weights=True, return_lse=True)
+    out, w, lse = qkv.attention(
+        tq, tk, tv, dropout=P, rng=torch.Generator().manual_seed(5), impl=impl, return_weights=True, return_lse=True
+    )
     assert isinstance(out, torch.Tensor) and isinstance(w, torch.Tensor)
     check_dropped_weights(out.numpy(), w.numpy(), lse.numpy(), q, k, v)
     again = qkv.attention(tq, tk, tv, dropout=P, rng=torch.Generator().manual_seed(5), impl=impl)
@@ -80,8 +83,7 @@ def test_dropout_gradient_flows_through_the_kept_weights(impl, rng):
 
     q, k, v = make_qkv(rng, (1, 2, 6, 4), (1, 2, 9, 4))
     tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
-    out, w = qkv.attention(tq, tk, tv, dropout=P, rng=torch.Generator().manual_seed(3), impl=impl,
-                           return_weights=True)
+    out, w = qkv.attention(tq, tk, tv, dropout=P, rng=torch.Generator().manual_seed(3), impl=impl, return_weights=True)
     dout = rng.standard_normal(out.shape)
     (out * torch.from_numpy(dout)).sum().backward()
     w = w.detach().numpy()

@@ -37,8 +37,11 @@ def _count_tiles(monkeypatch):
     return scored, evaluated
 
 
-@pytest.mark.parametrize("mask", [masks.causal(), masks.sliding_window(5), masks.document(np.repeat([0, 1, 2], 7))
-                                  & masks.causal()], ids=["causal", "sliding-5", "document-causal"])
+@pytest.mark.parametrize(
+    "mask",
+    [masks.causal(), masks.sliding_window(5), masks.document(np.repeat([0, 1, 2], 7)) & masks.causal()],
+    ids=["causal", "sliding-5", "document-causal"],
+)
 def test_forward_and_backward_score_only_the_tiles_the_mask_keeps(mask, monkeypatch, rng):
     q, k, v = make_qkv(rng, (1, 2, 21, 4), (1, 2, 21, 4))
     classes = mask.blocks(21, 21, 4, 6)
@@ -53,8 +56,9 @@ def test_forward_and_backward_score_only_the_tiles_the_mask_keeps(mask, monkeypa
         assert len(scored) == kept and len(evaluated) == partial
     golden = O.attention_oracle(q, k, v, allowed=mask.dense(21, 21))
     assert_close(out, golden[0], name="out")
-    fd = O.numerical_gradients(lambda a, b, c: O.attention_oracle(a, b, c, allowed=mask.dense(21, 21))[0],
-                               (q, k, v), np.ones_like(out))
+    fd = O.numerical_gradients(
+        lambda a, b, c: O.attention_oracle(a, b, c, allowed=mask.dense(21, 21))[0], (q, k, v), np.ones_like(out)
+    )
     for name, g, want in zip(("dq", "dk", "dv"), grads, fd, strict=True):
         assert_close(g, want, tol=1e-7, name=name)
 
@@ -62,8 +66,9 @@ def test_forward_and_backward_score_only_the_tiles_the_mask_keeps(mask, monkeypa
 def test_full_tiles_never_evaluate_the_mask(monkeypatch, rng):
     calls = []
     plain = masks.causal()
-    counting = masks.Mask(lambda i, j, nq, nk: calls.append(i.shape) or plain.allowed(i, j, nq, nk),
-                          "counting-causal", plain.tiles)
+    counting = masks.Mask(
+        lambda i, j, nq, nk: calls.append(i.shape) or plain.allowed(i, j, nq, nk), "counting-causal", plain.tiles
+    )
     q, k, v = make_qkv(rng, (1, 1, 16, 4), (1, 1, 16, 4))
     with flash_tiles((4, 4)):
         out = qkv.attention(q, k, v, mask=counting, impl="flash")
@@ -95,8 +100,13 @@ MEMORY_SCRIPT = textwrap.dedent("""
 
 def test_long_sequence_forward_and_backward_stay_far_below_the_materialised_size():
     n = 16384  # materialised float32 scores: 1 GiB, weights and their gradient as much again
-    run = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(n)], capture_output=True, text=True,
-                         timeout=600, env={"OMP_NUM_THREADS": "2", "PATH": "/usr/bin:/bin"})
+    run = subprocess.run(
+        [sys.executable, "-c", MEMORY_SCRIPT, str(n)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"OMP_NUM_THREADS": "2", "PATH": "/usr/bin:/bin"},
+    )
     assert run.returncode == 0, run.stderr
     extra = int(run.stdout.strip())
     materialised = n * n * 4
@@ -105,8 +115,21 @@ def test_long_sequence_forward_and_backward_stay_far_below_the_materialised_size
 
 
 def _chosen(q, k, v, **kw):
-    return auto(_call(q, k, v, kw.pop("mask", None), kw.pop("causal", False), None, kw.pop("score_mod", None),
-                      0.0, None, kw.pop("weights", False), kw.pop("lse", False))).name
+    return auto(
+        _call(
+            q,
+            k,
+            v,
+            kw.pop("mask", None),
+            kw.pop("causal", False),
+            None,
+            kw.pop("score_mod", None),
+            0.0,
+            None,
+            kw.pop("weights", False),
+            kw.pop("lse", False),
+        )
+    ).name
 
 
 def test_auto_on_numpy_uses_reference_for_small_and_flash_for_large_problems(rng):

@@ -24,15 +24,35 @@ ATOL = 2e-5  # float32, logits of O(1)
 
 CONFIGS = {
     # GQA (4 query heads over 2 kv heads) and RoPE
-    "llama": lambda: LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                 bos_token_id=0, eos_token_id=1, pad_token_id=0),
-    "gpt2": lambda: GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                               bos_token_id=0, eos_token_id=1, pad_token_id=0),
+    "llama": lambda: LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=0,
+    ),
+    "gpt2": lambda: GPT2Config(
+        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=1, pad_token_id=0
+    ),
     # sliding window 5 < SEQ: the window cuts into every long row
-    "mistral": lambda: MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                     sliding_window=5, bos_token_id=0, eos_token_id=1, pad_token_id=0),
+    "mistral": lambda: MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        sliding_window=5,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=0,
+    ),
 }
 
 
@@ -143,8 +163,9 @@ def test_static_cache_prefill_and_generate_match_eager():
         cache = StaticCache(config=model.config, max_cache_len=SEQ + 8)
         with torch.no_grad():
             logits[attn] = model(ids, attention_mask=am, past_key_values=cache, use_cache=True).logits
-        tokens[attn] = model.generate(ids, attention_mask=am, max_new_tokens=5, do_sample=False, pad_token_id=0,
-                                      cache_implementation="static")
+        tokens[attn] = model.generate(
+            ids, attention_mask=am, max_new_tokens=5, do_sample=False, pad_token_id=0, cache_implementation="static"
+        )
     torch.testing.assert_close(logits["qkv"], logits["eager"], atol=ATOL, rtol=1e-5)
     assert torch.equal(tokens["qkv"], tokens["eager"])
 
@@ -179,10 +200,22 @@ def test_sliding_window_is_applied():
 
 
 def test_softcap_model_matches_eager():
-    cfg = Gemma2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
-                       sliding_window=6, attn_logit_softcapping=2.0, final_logit_softcapping=None,
-                       bos_token_id=0, eos_token_id=1, pad_token_id=0)
+    cfg = Gemma2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        sliding_window=6,
+        attn_logit_softcapping=2.0,
+        final_logit_softcapping=None,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
     ids, am = inputs(padded=True)
@@ -259,7 +292,6 @@ def test_import_qkv_integrations_is_light():
     import subprocess
     import sys
 
-    code = ("import sys, qkv.integrations; "
-            "print(any(m in sys.modules for m in ('torch', 'transformers', 'jax')))")
+    code = "import sys, qkv.integrations; print(any(m in sys.modules for m in ('torch', 'transformers', 'jax')))"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == "False"

@@ -106,12 +106,18 @@ def test_dense_masks_and_float_bias(rng):
     ref, _, _ = O.attention_oracle(q, k, v, bias=bias)
     np.testing.assert_allclose(np.asarray(qkv.attention(*J(q, k, v), mask=jnp.asarray(bias))), ref, **TOL64)
     # masks built from JAX data: padding lengths, document ids, from_dense
-    assert_jax_equal(qkv.attention(*J(q, k, v), mask=masks.padding(jnp.asarray([3, 9]))),
-                     qkv.attention(q, k, v, mask=masks.padding(np.array([3, 9]))))
-    assert_jax_equal(qkv.attention(*J(q, k, v), mask=masks.document(jnp.asarray(DOC))),
-                     qkv.attention(q, k, v, mask=masks.document(DOC)))
-    assert_jax_equal(qkv.attention(*J(q, k, v), mask=masks.from_dense(jnp.asarray(allowed)) & masks.causal()),
-                     qkv.attention(q, k, v, mask=allowed, causal=True))
+    assert_jax_equal(
+        qkv.attention(*J(q, k, v), mask=masks.padding(jnp.asarray([3, 9]))),
+        qkv.attention(q, k, v, mask=masks.padding(np.array([3, 9]))),
+    )
+    assert_jax_equal(
+        qkv.attention(*J(q, k, v), mask=masks.document(jnp.asarray(DOC))),
+        qkv.attention(q, k, v, mask=masks.document(DOC)),
+    )
+    assert_jax_equal(
+        qkv.attention(*J(q, k, v), mask=masks.from_dense(jnp.asarray(allowed)) & masks.causal()),
+        qkv.attention(q, k, v, mask=allowed, causal=True),
+    )
     assert np.array_equal(masks.from_dense(jnp.asarray(allowed)).dense(6, 9), allowed)
 
 
@@ -142,8 +148,9 @@ def test_softmax_logsumexp(rng):
     assert_jax_equal(qkv.softmax(jnp.asarray(x), axis=0), qkv.softmax(x, axis=0))
 
 
-@pytest.mark.parametrize("name", ["none", "causal", "padding-empty-rows", "alibi", "softcap", "relative-bias",
-                                  "chained", "document-causal"])
+@pytest.mark.parametrize(
+    "name", ["none", "causal", "padding-empty-rows", "alibi", "softcap", "relative-bias", "chained", "document-causal"]
+)
 def test_jax_grad_equals_attention_backward(rng, name):
     kw = CASES[name]
     q, k, v = inputs(rng)
@@ -229,10 +236,12 @@ def test_other_array_functions_equal_numpy(rng):
 
     q, k, v = inputs(rng, q_shape=(2, 4, 6, 8), k_shape=(2, 4, 6, 8), dv=8)
     w = rng.standard_normal((8, 8))
-    for f in (lambda q, k, v, w: qkv.hopfield(q, k, beta=0.5, steps=2),
-              lambda q, k, v, w: positional.rope(q),
-              lambda q, k, v, w: approx.linear_attention(q, k, v),
-              lambda q, k, v, w: scores.general(q, k, w)):
+    for f in (
+        lambda q, k, v, w: qkv.hopfield(q, k, beta=0.5, steps=2),
+        lambda q, k, v, w: positional.rope(q),
+        lambda q, k, v, w: approx.linear_attention(q, k, v),
+        lambda q, k, v, w: scores.general(q, k, w),
+    ):
         assert_jax_equal(f(*J(q, k, v, w)), f(q, k, v, w))
 
 
@@ -261,8 +270,13 @@ def flash_inputs(rng):
 def test_flash_cases_have_empty_partial_and_full_tiles():
     """Every masked case skips EMPTY tiles and evaluates PARTIAL ones; causal and padding also run FULL ones."""
     for name in ("causal", "sliding-window", "document-causal", "padding-empty-rows"):
-        c = _call(*J(*flash_inputs(np.random.default_rng(0))), FLASH_CASES[name].get("mask"),
-                  FLASH_CASES[name].get("causal", False), None, None)
+        c = _call(
+            *J(*flash_inputs(np.random.default_rng(0))),
+            FLASH_CASES[name].get("mask"),
+            FLASH_CASES[name].get("causal", False),
+            None,
+            None,
+        )
         classes = set(np.unique(c.mask.blocks(16, 24, *TILES)).tolist())  # padding: per batch element
         assert {masks.EMPTY, masks.PARTIAL} <= classes, name
         assert masks.FULL in classes or name in ("sliding-window", "document-causal"), name
@@ -317,8 +331,9 @@ def test_jax_grad_through_flash(rng):
     with flash_tiles(TILES):
         classes = (kw["mask"] & masks.causal()).blocks(12, 16, *TILES)
         assert len(np.unique(classes)) == 3, classes
-        got = jax.jit(jax.grad(lambda q, k, v: jnp.sum(qkv.attention(q, k, v, impl="flash", **kw) * dout),
-                               argnums=(0, 1, 2)))(*J(q, k, v))
+        got = jax.jit(
+            jax.grad(lambda q, k, v: jnp.sum(qkv.attention(q, k, v, impl="flash", **kw) * dout), argnums=(0, 1, 2))
+        )(*J(q, k, v))
     for g, w in zip(got, want, strict=True):
         assert_jax_equal(g, w, dict(rtol=1e-10, atol=1e-12))
 
@@ -326,8 +341,9 @@ def test_jax_grad_through_flash(rng):
 def test_flash_on_jax_skips_empty_tiles_and_never_evaluates_the_mask_on_full_ones(rng):
     plain = masks.causal()
     evaluated, scored = [], []
-    counting = masks.Mask(lambda i, j, nq, nk: evaluated.append(i.shape) or plain.allowed(i, j, nq, nk),
-                          "counting-causal", plain.tiles)
+    counting = masks.Mask(
+        lambda i, j, nq, nk: evaluated.append(i.shape) or plain.allowed(i, j, nq, nk), "counting-causal", plain.tiles
+    )
     mod = scores.ScoreMod(lambda xp, s, i, j, nq, nk: scored.append(i.shape) or (s, None), "counting")
     q, k, v = flash_inputs(rng)
     classes = plain.blocks(16, 24, *TILES)

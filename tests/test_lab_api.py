@@ -54,7 +54,7 @@ def test_pages_share_one_stylesheet_and_load_nothing_from_the_network(client):
         r = client.get(f"/{page}")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
         html = r.text
-        assert f'data-page="{page}"' in html and '/static/style.css' in html and '/static/common.js' in html
+        assert f'data-page="{page}"' in html and "/static/style.css" in html and "/static/common.js" in html
         for ref in [*html.split('src="')[1:], *html.split('href="')[1:]]:
             target = ref.split('"')[0]
             assert target.startswith(("/static/", "data:")), f"{page} loads {target}"
@@ -106,28 +106,42 @@ def test_explain_matches_qkv_explain_and_the_oracle(client, rng):
 
 def test_explain_with_a_mask_kind(client, rng):
     q, k, v = rng.standard_normal((6, 2)), rng.standard_normal((6, 2)), rng.standard_normal((6, 3))
-    r = client.post("/api/explain", json={"q": q.tolist(), "k": k.tolist(), "v": v.tolist(),
-                                          "mask": "sliding_window", "mask_params": {"window": 2}})
+    r = client.post(
+        "/api/explain",
+        json={
+            "q": q.tolist(),
+            "k": k.tolist(),
+            "v": v.tolist(),
+            "mask": "sliding_window",
+            "mask_params": {"window": 2},
+        },
+    )
     assert r.status_code == 200, r.text
     a = next(s for s in r.json()["steps"] if s["name"] == "A")["value"]
     _, weights, _ = attention_oracle(q, k, v, allowed=sliding_window_allowed(6, 6, 2))
     np.testing.assert_allclose(a, weights, rtol=1e-12)
 
 
-@pytest.mark.parametrize(("body", "words"), [
-    ({"q": [[1, 2], [3]], "k": [[1, 2]], "v": [[1]]}, ["q", "row 1 has 1", "row 0 has 2"]),
-    ({"q": [[1, 2]], "k": [[1, 2, 3]], "v": [[1]]}, ["ShapeError", "d_k=3", "d_k=2"]),
-    ({"q": [[1, 2]], "k": [[1, 2], [3, 4]], "v": [[1]]}, ["ShapeError", "v", "(1, 1)", "(2, 2)"]),
-    ({"q": [[1, "x"]], "k": [[1, 2]], "v": [[1]]}, ["q.0.1", "number"]),
-    ({"q": [[1, True]], "k": [[1, 2]], "v": [[1]]}, ["q.0.1", "number"]),
-    ({"q": [], "k": [[1]], "v": [[1]]}, ["q", "non-empty"]),
-    ({"q": [[1.0]]}, ["missing: k, v"]),
-    ({"q": [[0.0]] * (MAX_N + 1), "k": [[0.0]], "v": [[0.0]]}, ["q", f"{MAX_N + 1}", f"limit of {MAX_N}", "--max-n"]),
-    ({"mask": "triangle"}, ["mask", "'triangle'", *MASK_KINDS]),
-    ({"mask": "sliding_window", "mask_params": {"size": 3}}, ["no parameter 'size'", "window"]),
-    ({"scale": -1}, ["scale", "greater than 0"]),
-    ({"colour": "red"}, ["colour", "xtra"]),
-])
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"q": [[1, 2], [3]], "k": [[1, 2]], "v": [[1]]}, ["q", "row 1 has 1", "row 0 has 2"]),
+        ({"q": [[1, 2]], "k": [[1, 2, 3]], "v": [[1]]}, ["ShapeError", "d_k=3", "d_k=2"]),
+        ({"q": [[1, 2]], "k": [[1, 2], [3, 4]], "v": [[1]]}, ["ShapeError", "v", "(1, 1)", "(2, 2)"]),
+        ({"q": [[1, "x"]], "k": [[1, 2]], "v": [[1]]}, ["q.0.1", "number"]),
+        ({"q": [[1, True]], "k": [[1, 2]], "v": [[1]]}, ["q.0.1", "number"]),
+        ({"q": [], "k": [[1]], "v": [[1]]}, ["q", "non-empty"]),
+        ({"q": [[1.0]]}, ["missing: k, v"]),
+        (
+            {"q": [[0.0]] * (MAX_N + 1), "k": [[0.0]], "v": [[0.0]]},
+            ["q", f"{MAX_N + 1}", f"limit of {MAX_N}", "--max-n"],
+        ),
+        ({"mask": "triangle"}, ["mask", "'triangle'", *MASK_KINDS]),
+        ({"mask": "sliding_window", "mask_params": {"size": 3}}, ["no parameter 'size'", "window"]),
+        ({"scale": -1}, ["scale", "greater than 0"]),
+        ({"colour": "red"}, ["colour", "xtra"]),
+    ],
+)
 def test_explain_refuses_malformed_input(client, body, words):
     message = refused(client.post("/api/explain", json=body))
     for word in words:
@@ -136,8 +150,11 @@ def test_explain_refuses_malformed_input(client, body, words):
 
 def test_explain_refuses_nan_and_infinity(client):
     for token in ("NaN", "Infinity"):
-        r = client.post("/api/explain", content=f'{{"q": [[1, {token}]], "k": [[1, 2]], "v": [[1]]}}',
-                        headers={"content-type": "application/json"})
+        r = client.post(
+            "/api/explain",
+            content=f'{{"q": [[1, {token}]], "k": [[1, 2]], "v": [[1]]}}',
+            headers={"content-type": "application/json"},
+        )
         message = refused(r)
         assert "q.0.1" in message and "finite" in message
 
@@ -146,8 +163,7 @@ def test_explain_refuses_nan_and_infinity(client):
 
 
 def test_heatmap_weights_are_attention_of_the_seeded_inputs(client):
-    body = {"n_q": 7, "n_k": 9, "d": 5, "heads": 3, "seed": 11, "temperature": 0.5,
-            "mask": "causal", "mask_params": {}}
+    body = {"n_q": 7, "n_k": 9, "d": 5, "heads": 3, "seed": 11, "temperature": 0.5, "mask": "causal", "mask_params": {}}
     r = client.post("/api/heatmap", json=body)
     assert r.status_code == 200, r.text
     d = r.json()
@@ -168,21 +184,29 @@ def test_heatmap_weights_are_attention_of_the_seeded_inputs(client):
 def test_heatmap_changes_with_each_control(client):
     base = {"n_q": 6, "d": 4, "heads": 1, "seed": 0}
     first = client.post("/api/heatmap", json=base).json()["weights"]
-    for change in ({"seed": 1}, {"temperature": 3.0}, {"scale": 2.0}, {"mask": "causal"},
-                   {"mask": "document", "mask_params": {"doc_lengths": "2+4"}}):
+    for change in (
+        {"seed": 1},
+        {"temperature": 3.0},
+        {"scale": 2.0},
+        {"mask": "causal"},
+        {"mask": "document", "mask_params": {"doc_lengths": "2+4"}},
+    ):
         assert client.post("/api/heatmap", json={**base, **change}).json()["weights"] != first, change
 
 
-@pytest.mark.parametrize(("body", "words"), [
-    ({"n_q": MAX_N + 1}, ["n_q", f"{MAX_N + 1}", f"limit of {MAX_N}"]),
-    ({"n_q": 4, "n_k": 1000}, ["n_k", "1000", f"limit of {MAX_N}"]),
-    ({"heads": 99}, ["heads", "99", "limit of 16"]),
-    ({"n_q": 0}, ["n_q", "greater than or equal to 1"]),
-    ({"temperature": 0}, ["temperature", "greater than 0"]),
-    ({"mask": "circle"}, ["unknown mask kind 'circle'", "sliding_window", "bigbird"]),
-    ({"mask": "sliding_window", "mask_params": {"window": 0}}, ["ArgumentError", "window", ">= 1"]),
-    ({"mask": "padding", "mask_params": {"kv_length": 99}}, ["kv_length", "1..12"]),
-])
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"n_q": MAX_N + 1}, ["n_q", f"{MAX_N + 1}", f"limit of {MAX_N}"]),
+        ({"n_q": 4, "n_k": 1000}, ["n_k", "1000", f"limit of {MAX_N}"]),
+        ({"heads": 99}, ["heads", "99", "limit of 16"]),
+        ({"n_q": 0}, ["n_q", "greater than or equal to 1"]),
+        ({"temperature": 0}, ["temperature", "greater than 0"]),
+        ({"mask": "circle"}, ["unknown mask kind 'circle'", "sliding_window", "bigbird"]),
+        ({"mask": "sliding_window", "mask_params": {"window": 0}}, ["ArgumentError", "window", ">= 1"]),
+        ({"mask": "padding", "mask_params": {"kv_length": 99}}, ["kv_length", "1..12"]),
+    ],
+)
 def test_heatmap_refuses_bad_input(client, body, words):
     message = refused(client.post("/api/heatmap", json={"n_q": 12, **body}))
     for word in words:
@@ -223,13 +247,16 @@ def test_positional_alibi_biases(client):
     np.testing.assert_allclose(sym["biases"][0], -alibi_slopes(2)[0] * np.abs(i - j), atol=1e-6)
 
 
-@pytest.mark.parametrize(("body", "status", "words"), [
-    ({"kind": "rope", "d": 7}, 422, ["even", "d=7"]),
-    ({"kind": "sinusoidal", "n": MAX_N + 5}, 422, [f"limit of {MAX_N}"]),
-    ({"kind": "xpos"}, 422, ["kind", "'sinusoidal'", "'learned'"]),
-    ({"kind": "sinusoidal", "base": 0.5}, 422, ["base", "greater than 1"]),
-    ({"kind": "learned"}, 409, ["train", "pos='learned'"]),
-])
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        ({"kind": "rope", "d": 7}, 422, ["even", "d=7"]),
+        ({"kind": "sinusoidal", "n": MAX_N + 5}, 422, [f"limit of {MAX_N}"]),
+        ({"kind": "xpos"}, 422, ["kind", "'sinusoidal'", "'learned'"]),
+        ({"kind": "sinusoidal", "base": 0.5}, 422, ["base", "greater than 1"]),
+        ({"kind": "learned"}, 409, ["train", "pos='learned'"]),
+    ],
+)
 def test_positional_refuses_bad_input(body, status, words):
     with TestClient(create_app(max_n=MAX_N)) as fresh:  # a new client has trained nothing
         message = refused(fresh.post("/api/positional", json=body), status)
@@ -241,13 +268,32 @@ def test_positional_refuses_bad_input(body, status, words):
 
 
 def test_complexity_is_qkv_complexity_estimate(client):
-    body = {"n": 2048, "d": 32, "heads": 8, "kv_heads": 2, "batch": 2, "dtype": "float16", "impl": "flash",
-            "mask": "sliding_window", "mask_params": {"window": 128}, "backward": True}
+    body = {
+        "n": 2048,
+        "d": 32,
+        "heads": 8,
+        "kv_heads": 2,
+        "batch": 2,
+        "dtype": "float16",
+        "impl": "flash",
+        "mask": "sliding_window",
+        "mask_params": {"window": 128},
+        "backward": True,
+    }
     r = client.post("/api/complexity", json=body)
     assert r.status_code == 200, r.text
     d = r.json()
-    want = qkv.complexity.estimate(2048, d_k=32, heads=8, kv_heads=2, batch=2, dtype="float16", impl="flash",
-                                   mask=qkv.masks.sliding_window(128), backward=True).to_dict()
+    want = qkv.complexity.estimate(
+        2048,
+        d_k=32,
+        heads=8,
+        kv_heads=2,
+        batch=2,
+        dtype="float16",
+        impl="flash",
+        mask=qkv.masks.sliding_window(128),
+        backward=True,
+    ).to_dict()
     assert d["estimate"] == json.loads(json.dumps(want))
     ns = [p["n"] for p in d["series"]]
     assert 2048 in ns and ns == sorted(ns) and len(ns) >= 5
@@ -257,13 +303,16 @@ def test_complexity_is_qkv_complexity_estimate(client):
     assert all(b == a * 4 for a, b in zip(flops, flops[1:], strict=False) if a)  # N doubles: FLOPs x4
 
 
-@pytest.mark.parametrize(("body", "words"), [
-    ({"n": 10**6}, ["n", "1000000", "limit of 65536"]),
-    ({"dtype": "int8"}, ["dtype", "'float32'", "'bfloat16'"]),
-    ({"impl": "xformers"}, ["impl", "'reference'", "'flash'"]),
-    ({"heads": 8, "kv_heads": 3}, ["ShapeError", "heads=8", "kv_heads=3"]),
-    ({"batch": 0}, ["batch", "greater than or equal to 1"]),
-])
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"n": 10**6}, ["n", "1000000", "limit of 65536"]),
+        ({"dtype": "int8"}, ["dtype", "'float32'", "'bfloat16'"]),
+        ({"impl": "xformers"}, ["impl", "'reference'", "'flash'"]),
+        ({"heads": 8, "kv_heads": 3}, ["ShapeError", "heads=8", "kv_heads=3"]),
+        ({"batch": 0}, ["batch", "greater than or equal to 1"]),
+    ],
+)
 def test_complexity_refuses_bad_input(client, body, words):
     message = refused(client.post("/api/complexity", json=body))
     for word in words:
@@ -276,8 +325,10 @@ def test_measure_times_small_calls_and_refuses_big_ones(client):
     d = r.json()
     assert 0 < d["seconds"] < 5 and len(d["samples"]) == 3 and d["arrays"] == "numpy"
     assert d["flops"] == d["estimate"]["flops"] == 4 * 2 * 256 * 256 * 32
-    r = client.post("/api/complexity/measure", json={"n": 64, "d": 16, "heads": 2, "impl": "torch",
-                                                      "dtype": "bfloat16", "backward": True})
+    r = client.post(
+        "/api/complexity/measure",
+        json={"n": 64, "d": 16, "heads": 2, "impl": "torch", "dtype": "bfloat16", "backward": True},
+    )
     assert r.status_code == 200, r.text
     assert r.json()["arrays"] == "torch" and r.json()["estimate"]["backward"] is True
     message = refused(client.post("/api/complexity/measure", json={"n": 16384, "heads": 32}))
@@ -287,8 +338,17 @@ def test_measure_times_small_calls_and_refuses_big_ones(client):
 # --------------------------------------------------------------------------- training
 
 
-TINY = {"task": "copy", "steps": 6, "length": 3, "d_model": 16, "n_heads": 2, "n_layers": 1, "batch_size": 8,
-        "record_every": 2, "pos": "learned"}
+TINY = {
+    "task": "copy",
+    "steps": 6,
+    "length": 3,
+    "d_model": 16,
+    "n_heads": 2,
+    "n_layers": 1,
+    "batch_size": 8,
+    "record_every": 2,
+    "pos": "learned",
+}
 
 
 def events(client, name):
@@ -338,12 +398,15 @@ def test_second_start_is_409_and_stop_ends_the_run(client):
     assert events(client, "bob")[-1]["type"] == "done"
 
 
-@pytest.mark.parametrize(("body", "words"), [
-    ({"task": "dance"}, ["task", "'copy'", "'recall'"]),
-    ({"steps": 10**6}, ["steps", "limit of 3000"]),
-    ({"d_model": 30, "n_heads": 4}, ["d_model=30", "n_heads=4"]),
-    ({"pos": "xpos"}, ["pos", "'rope'", "'learned'"]),
-])
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"task": "dance"}, ["task", "'copy'", "'recall'"]),
+        ({"steps": 10**6}, ["steps", "limit of 3000"]),
+        ({"d_model": 30, "n_heads": 4}, ["d_model=30", "n_heads=4"]),
+        ({"pos": "xpos"}, ["pos", "'rope'", "'learned'"]),
+    ],
+)
 def test_training_refuses_bad_input(client, body, words):
     message = refused(client.post("/api/train/start?client=carol", json={**TINY, **body}))
     for word in words:
@@ -356,8 +419,11 @@ def test_the_server_answers_while_training_and_closing_the_stream_stops_the_run(
     """Against a real server (``qkv lab --port 0 --json``): other requests answer while a run trains;
     a client that goes away ends its run."""
     with lab_server() as url:
-        request = urllib.request.Request(url + "api/train/start?client=dave", data=json.dumps(
-            {**TINY, "steps": 3000}).encode(), headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            url + "api/train/start?client=dave",
+            data=json.dumps({**TINY, "steps": 3000}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=10) as r:
             assert r.status == 200
         stream = urllib.request.urlopen(url + "api/train/events?client=dave", timeout=10)
@@ -366,8 +432,11 @@ def test_the_server_answers_while_training_and_closing_the_stream_stops_the_run(
                 break  # the run is going and we are watching ...
         # the server stays responsive while it trains: other pages' requests answer at once
         t0 = time.monotonic()
-        request = urllib.request.Request(url + "api/heatmap", data=json.dumps({"n_q": 16, "n_k": 16}).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            url + "api/heatmap",
+            data=json.dumps({"n_q": 16, "n_k": 16}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=10) as r:
             assert r.status == 200 and len(json.load(r)["weights"][0]) == 16
         with urllib.request.urlopen(url + "api/train/history?client=dave", timeout=5) as r:
@@ -418,8 +487,9 @@ def test_lab_without_the_extra_says_how_to_install_it():
 def test_lab_on_a_busy_port_fails_with_one_line():
     with lab_server() as url:
         port = url.rstrip("/").rsplit(":", 1)[1]
-        p = subprocess.run([sys.executable, "-m", "qkv", "lab", "--port", port], capture_output=True, text=True,
-                           timeout=60)
+        p = subprocess.run(
+            [sys.executable, "-m", "qkv", "lab", "--port", port], capture_output=True, text=True, timeout=60
+        )
     assert p.returncode == 1
     assert f"error: cannot serve at http://127.0.0.1:{port}/" in p.stderr and "--port 0" in p.stderr
 
@@ -429,8 +499,10 @@ def test_lab_on_a_busy_port_fails_with_one_line():
 
 def strict_json(text):
     """``json.loads`` that refuses NaN / Infinity, like the browser's ``JSON.parse``."""
+
     def refuse(token):
         raise AssertionError(f"non-strict JSON token {token} in {text[:200]}")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -445,40 +517,52 @@ def test_refusals_are_declared_in_the_openapi_schema(client):
 
 
 @pytest.mark.parametrize("path", ["/api/explain", "/api/heatmap", "/api/complexity"])
-@pytest.mark.parametrize("mask, params", [
-    ("bigbird", {"seed": -1}),  # NumPy's seeds are non-negative
-    ("bigbird", {"block": 2**64}),  # beyond int64 index arithmetic
-    ("dilated", {"dilation": 2**64}),
-])
+@pytest.mark.parametrize(
+    "mask, params",
+    [
+        ("bigbird", {"seed": -1}),  # NumPy's seeds are non-negative
+        ("bigbird", {"block": 2**64}),  # beyond int64 index arithmetic
+        ("dilated", {"dilation": 2**64}),
+    ],
+)
 def test_mask_parameters_out_of_range_are_refused_naming_the_mask(client, path, mask, params):
     message = refused(client.post(path, json={"mask": mask, "mask_params": params}))
     assert f"mask {mask!r}" in message and next(iter(params)) in message
 
 
 @pytest.mark.parametrize("path", ["/api/explain", "/api/heatmap", "/api/complexity"])
-@pytest.mark.parametrize("mask, params", [
-    ("longformer", {"global_tokens": []}),  # no global tokens: the sliding window alone
-    ("causal", {"offset": 10**30}),  # beyond every key: every key visible
-])
+@pytest.mark.parametrize(
+    "mask, params",
+    [
+        ("longformer", {"global_tokens": []}),  # no global tokens: the sliding window alone
+        ("causal", {"offset": 10**30}),  # beyond every key: every key visible
+    ],
+)
 def test_mask_parameters_at_the_extremes_are_answered(client, path, mask, params):
     r = client.post(path, json={"mask": mask, "mask_params": params})
     assert r.status_code == 200, r.text
     strict_json(r.text)
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/api/explain", {"q": [[1e308]], "k": [[1e308]], "v": [[1.0]]}),
-    ("/api/explain", {"q": [[1e200]], "k": [[1e200]], "v": [[1.0]], "grad": True}),
-    ("/api/heatmap", {"scale": 1e308}),
-    ("/api/heatmap", {"temperature": 1e-320}),
-])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/api/explain", {"q": [[1e308]], "k": [[1e308]], "v": [[1.0]]}),
+        ("/api/explain", {"q": [[1e200]], "k": [[1e200]], "v": [[1.0]], "grad": True}),
+        ("/api/heatmap", {"scale": 1e308}),
+        ("/api/heatmap", {"temperature": 1e-320}),
+    ],
+)
 def test_scores_that_overflow_are_refused_not_nan(client, path, body):
     assert "overflow" in refused(client.post(path, json=body))
 
 
 def test_extreme_but_representable_numbers_are_answered_in_strict_json(client):
-    for body in [{"q": [[1e-320]], "k": [[1e-320]], "v": [[-0.0]]}, {"q": [[-1e308]], "k": [[1e308]], "v": [[1e308]]},
-                 {"q": [[1.0]], "k": [[1.0]], "v": [[1.0]], "scale": 1e308, "grad": True}]:
+    for body in [
+        {"q": [[1e-320]], "k": [[1e-320]], "v": [[-0.0]]},
+        {"q": [[-1e308]], "k": [[1e308]], "v": [[1e308]]},
+        {"q": [[1.0]], "k": [[1.0]], "v": [[1.0]], "scale": 1e308, "grad": True},
+    ]:
         r = client.post("/api/explain", json=body)
         assert r.status_code == 200, r.text
         strict_json(r.text)
@@ -517,8 +601,9 @@ def test_events_past_the_end_of_a_finished_run_end_the_stream(client):
 
     _finished_run(client, "fuzz-past-end", broken)
     answers = []
-    reader = threading.Thread(target=lambda: answers.append(
-        client.get("/api/train/events?client=fuzz-past-end&since=1000")), daemon=True)
+    reader = threading.Thread(
+        target=lambda: answers.append(client.get("/api/train/events?client=fuzz-past-end&since=1000")), daemon=True
+    )
     reader.start()
     reader.join(5)
     assert answers and answers[0].status_code == 200, "the stream of a finished run never ended"
@@ -530,8 +615,7 @@ def test_a_diverged_run_is_reported_in_strict_json(client):
 
     def diverging(task, steps, callback, **kwargs):
         callback({"step": 1, "loss": float("nan"), "accuracy": 0.5, "attention": [np.full((1, 2, 2), np.nan)]})
-        return SimpleNamespace(loss=[float("nan")], model=None, probe=None, eval_accuracy=float("nan"),
-                               eval_exact=0.0)
+        return SimpleNamespace(loss=[float("nan")], model=None, probe=None, eval_accuracy=float("nan"), eval_exact=0.0)
 
     _finished_run(client, "fuzz-nan", diverging)
     history = strict_json(client.get("/api/train/history?client=fuzz-nan").text)
@@ -546,22 +630,53 @@ def test_random_bodies_are_answered_200_or_422_in_strict_json(client):
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    number = st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers(-3, 40), st.just(1e308),
-                       st.just(5e-324), st.booleans(), st.text(max_size=3), st.none())
+    number = st.one_of(
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.integers(-3, 40),
+        st.just(1e308),
+        st.just(5e-324),
+        st.booleans(),
+        st.text(max_size=3),
+        st.none(),
+    )
     matrix = st.one_of(st.lists(st.lists(number, max_size=3), max_size=3), number)
-    params = st.dictionaries(st.sampled_from(["window", "causal", "offset", "seed", "block", "global_tokens",
-                                              "doc_lengths", "n_docs", "prefix", "bogus"]),
-                             st.one_of(number, st.lists(st.integers(-2, 20), max_size=3)), max_size=2)
-    common = {"mask": st.one_of(st.sampled_from(MASK_KINDS), st.text(max_size=4)), "mask_params": params,
-              "scale": number, "extra": number}
-    explain = st.fixed_dictionaries({}, optional={**common, "q": matrix, "k": matrix, "v": matrix,
-                                                  "causal": number, "grad": number})
-    heatmap = st.fixed_dictionaries({}, optional={**common, "n_q": number, "n_k": number, "d": number,
-                                                  "heads": number, "seed": number, "temperature": number})
+    params = st.dictionaries(
+        st.sampled_from(
+            ["window", "causal", "offset", "seed", "block", "global_tokens", "doc_lengths", "n_docs", "prefix", "bogus"]
+        ),
+        st.one_of(number, st.lists(st.integers(-2, 20), max_size=3)),
+        max_size=2,
+    )
+    common = {
+        "mask": st.one_of(st.sampled_from(MASK_KINDS), st.text(max_size=4)),
+        "mask_params": params,
+        "scale": number,
+        "extra": number,
+    }
+    explain = st.fixed_dictionaries(
+        {}, optional={**common, "q": matrix, "k": matrix, "v": matrix, "causal": number, "grad": number}
+    )
+    heatmap = st.fixed_dictionaries(
+        {},
+        optional={
+            **common,
+            "n_q": number,
+            "n_k": number,
+            "d": number,
+            "heads": number,
+            "seed": number,
+            "temperature": number,
+        },
+    )
     body = st.one_of(st.tuples(st.just("/api/explain"), explain), st.tuples(st.just("/api/heatmap"), heatmap))
 
-    @settings(max_examples=150, derandomize=True, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @settings(
+        max_examples=150,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
     @given(body)
     def check(case):
         path, payload = case

@@ -20,8 +20,14 @@ import pytest
 from _lab_server import lab_server
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 VIEWPORT = {"width": 1280, "height": 800}
 REQUIRED = os.environ.get("QKV_REQUIRE_BROWSER") == "1"
 
@@ -72,8 +78,10 @@ class Console:
 
     def __init__(self, page):
         self.errors, self.allowed = [], []
-        page.on("console", lambda m: self.errors.append(f"console.{m.type}: {m.text}")
-                if m.type in ("error", "warning") else None)
+        page.on(
+            "console",
+            lambda m: self.errors.append(f"console.{m.type}: {m.text}") if m.type in ("error", "warning") else None,
+        )
         page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
 
     def unexpected(self):
@@ -100,14 +108,18 @@ def redraws(page, selector, action):
     page.wait_for_selector(f"{selector}[data-digest]")
     before = digest(page, selector)
     action()
-    page.wait_for_function("([sel, old]) => document.querySelector(sel).dataset.digest !== old",
-                           arg=[selector, before], timeout=10_000)
+    page.wait_for_function(
+        "([sel, old]) => document.querySelector(sel).dataset.digest !== old", arg=[selector, before], timeout=10_000
+    )
     return digest(page, selector)
 
 
 def set_range(page, name, value):
-    page.eval_on_selector(f"[name={name}]", "(el, v) => { el.value = v; el.dispatchEvent(new Event('input', "
-                          "{bubbles: true})); }", str(value))
+    page.eval_on_selector(
+        f"[name={name}]",
+        "(el, v) => { el.value = v; el.dispatchEvent(new Event('input', {bubbles: true})); }",
+        str(value),
+    )
 
 
 def open_page(page, lab, name):
@@ -204,8 +216,11 @@ def test_training_page_shows_progress_and_finishes(page, lab, shots):
 
 
 def set_range_id(page, element_id, value):
-    page.eval_on_selector(f"#{element_id}", "(el, v) => { el.value = v; el.dispatchEvent(new Event('input', "
-                          "{bubbles: true})); }", str(value))
+    page.eval_on_selector(
+        f"#{element_id}",
+        "(el, v) => { el.value = v; el.dispatchEvent(new Event('input', {bubbles: true})); }",
+        str(value),
+    )
 
 
 def test_closing_the_training_page_stops_the_run(browser, lab):

@@ -20,14 +20,18 @@ def assert_dense_equal(mask, nq, nk, expected):
     assert isinstance(got, np.ndarray) and got.dtype == np.bool_, f"dense() gave {type(got)} {got.dtype}"
     expected = np.asarray(expected, dtype=bool)
     assert np.broadcast_shapes(got.shape, expected.shape) == expected.shape, (
-        f"dense() shape {got.shape} does not broadcast to {expected.shape}")
+        f"dense() shape {got.shape} does not broadcast to {expected.shape}"
+    )
     got = np.broadcast_to(got, expected.shape)
     bad = np.argwhere(got != expected)
-    assert bad.size == 0, f"{len(bad)} cells differ, first at {bad[:5].tolist()}\ngot\n{got.astype(int)}\n" \
-                          f"expected\n{expected.astype(int)}"
+    assert bad.size == 0, (
+        f"{len(bad)} cells differ, first at {bad[:5].tolist()}\ngot\n{got.astype(int)}\n"
+        f"expected\n{expected.astype(int)}"
+    )
 
 
 # --------------------------------------------------------------------------- dense()
+
 
 @pytest.mark.parametrize("case", [c.param() for c in MASK_CASES if c.id != "random-blocks"])
 def test_dense_matches_the_definition(case):
@@ -40,20 +44,32 @@ CONSTRUCTORS = [
     pytest.param(lambda: masks.causal(), lambda nq, nk: O.causal_allowed(nq, nk), id="causal"),
     pytest.param(lambda: masks.causal(offset=0), lambda nq, nk: O.causal_allowed(nq, nk, 0), id="causal-offset0"),
     pytest.param(lambda: masks.causal(offset=3), lambda nq, nk: O.causal_allowed(nq, nk, 3), id="causal-offset3"),
-    pytest.param(lambda: masks.sliding_window(1), lambda nq, nk: O.sliding_window_allowed(nq, nk, 1),
-                 id="sliding-window-1"),
-    pytest.param(lambda: masks.sliding_window(3), lambda nq, nk: O.sliding_window_allowed(nq, nk, 3),
-                 id="sliding-window-3"),
-    pytest.param(lambda: masks.sliding_window(3, causal=False),
-                 lambda nq, nk: O.sliding_window_allowed(nq, nk, 3, causal=False), id="sliding-window-3-bidir"),
+    pytest.param(
+        lambda: masks.sliding_window(1), lambda nq, nk: O.sliding_window_allowed(nq, nk, 1), id="sliding-window-1"
+    ),
+    pytest.param(
+        lambda: masks.sliding_window(3), lambda nq, nk: O.sliding_window_allowed(nq, nk, 3), id="sliding-window-3"
+    ),
+    pytest.param(
+        lambda: masks.sliding_window(3, causal=False),
+        lambda nq, nk: O.sliding_window_allowed(nq, nk, 3, causal=False),
+        id="sliding-window-3-bidir",
+    ),
     pytest.param(lambda: masks.padding(3), lambda nq, nk: O.padding_allowed(nq, nk, 3), id="padding-3"),
-    pytest.param(lambda: masks.padding(np.array([2, 0, 9])), lambda nq, nk: O.padding_allowed(nq, nk, [2, 0, 9]),
-                 id="padding-per-batch"),
-    pytest.param(lambda: masks.padding(np.array([4, 9]), q_lengths=np.array([1, 6])),
-                 lambda nq, nk: O.padding_allowed(nq, nk, [4, 9], [1, 6]), id="padding-q-lengths"),
+    pytest.param(
+        lambda: masks.padding(np.array([2, 0, 9])),
+        lambda nq, nk: O.padding_allowed(nq, nk, [2, 0, 9]),
+        id="padding-per-batch",
+    ),
+    pytest.param(
+        lambda: masks.padding(np.array([4, 9]), q_lengths=np.array([1, 6])),
+        lambda nq, nk: O.padding_allowed(nq, nk, [4, 9], [1, 6]),
+        id="padding-q-lengths",
+    ),
     pytest.param(lambda: masks.prefix_lm(2), lambda nq, nk: O.prefix_lm_allowed(nq, nk, 2), id="prefix-lm-2"),
-    pytest.param(lambda: masks.global_tokens([0, 3]), lambda nq, nk: O.global_tokens_allowed(nq, nk, [0, 3]),
-                 id="global-tokens"),
+    pytest.param(
+        lambda: masks.global_tokens([0, 3]), lambda nq, nk: O.global_tokens_allowed(nq, nk, [0, 3]), id="global-tokens"
+    ),
     pytest.param(lambda: masks.dilated(2, 3), lambda nq, nk: O.dilated_allowed(nq, nk, 2, 3), id="dilated-2-3"),
     pytest.param(lambda: masks.dilated(3, 1), lambda nq, nk: O.dilated_allowed(nq, nk, 3, 1), id="dilated-3-1"),
 ]
@@ -88,6 +104,7 @@ def test_from_fn_gets_index_columns_and_rows():
 
 # --------------------------------------------------------------------------- combinators
 
+
 def test_and_or_not_follow_the_definitions():
     a, b = masks.sliding_window(3, causal=False), masks.prefix_lm(2)
     da, db = O.sliding_window_allowed(6, 9, 3, causal=False), O.prefix_lm_allowed(6, 9, 2)
@@ -99,24 +116,29 @@ def test_and_or_not_follow_the_definitions():
 
 def test_combinator_with_a_batched_mask_broadcasts():
     pad = masks.padding(np.array([2, 7]), q_lengths=np.array([4, 1]))
-    assert_dense_equal(pad | masks.global_tokens([0]), 4, 7,
-                       O.padding_allowed(4, 7, [2, 7], [4, 1]) | O.global_tokens_allowed(4, 7, [0]))
+    assert_dense_equal(
+        pad | masks.global_tokens([0]),
+        4,
+        7,
+        O.padding_allowed(4, 7, [2, 7], [4, 1]) | O.global_tokens_allowed(4, 7, [0]),
+    )
 
 
 # --------------------------------------------------------------------------- random blocks (BigBird)
+
 
 @pytest.mark.parametrize("nq,nk,block,per_row", [(8, 8, 2, 2), (10, 13, 4, 2), (9, 9, 3, 1), (6, 11, 4, 10)])
 def test_random_blocks_properties(nq, nk, block, per_row):
     dense = np.broadcast_to(masks.random_blocks(block, per_row, seed=7).dense(nq, nk), (nq, nk))
     n_kb = -(-nk // block)
     for qb in range(-(-nq // block)):
-        rows = dense[qb * block:(qb + 1) * block]
+        rows = dense[qb * block : (qb + 1) * block]
         assert (rows == rows[0]).all(), f"rows of query block {qb} differ"
-        chosen = [kb for kb in range(n_kb) if rows[0, kb * block:(kb + 1) * block].all()]
+        chosen = [kb for kb in range(n_kb) if rows[0, kb * block : (kb + 1) * block].all()]
         assert len(chosen) == min(per_row, n_kb), f"query block {qb} attends key blocks {chosen}"
         expected = np.zeros(nk, dtype=bool)
         for kb in chosen:
-            expected[kb * block:(kb + 1) * block] = True
+            expected[kb * block : (kb + 1) * block] = True
         assert (rows[0] == expected).all(), f"query block {qb}: cells outside whole key blocks"
 
 
@@ -137,6 +159,7 @@ def test_random_blocks_attention_is_reproducible(rng):
 
 
 # --------------------------------------------------------------------------- blocks()
+
 
 def test_block_constants():
     assert (masks.EMPTY, masks.PARTIAL, masks.FULL) == (0, 1, 2)
@@ -159,8 +182,10 @@ def check_blocks(mask, dense, block_q, block_k, exact):
     assert bad_full.size == 0, f"tiles reported FULL hold hidden cells: {bad_full[:5].tolist()}"
     if exact:
         bad = np.argwhere(got != truth)
-        assert bad.size == 0, f"inexact tiles {bad[:5].tolist()}: got {got[tuple(bad[0])]}, " \
-                              f"true {truth[tuple(bad[0])]}\ngot\n{got}\ntrue\n{truth}"
+        assert bad.size == 0, (
+            f"inexact tiles {bad[:5].tolist()}: got {got[tuple(bad[0])]}, "
+            f"true {truth[tuple(bad[0])]}\ngot\n{got}\ntrue\n{truth}"
+        )
 
 
 @pytest.mark.parametrize("case", [c.param() for c in MASK_CASES])
@@ -218,9 +243,12 @@ def test_blocks_at_131072_are_analytic():
 
 # --------------------------------------------------------------------------- repr, errors
 
+
 def test_repr_is_a_small_text_picture():
-    pictures = [repr(m) for m in (masks.causal(), ~masks.causal(), masks.sliding_window(1),
-                                  masks.causal() | masks.global_tokens([0]))]
+    pictures = [
+        repr(m)
+        for m in (masks.causal(), ~masks.causal(), masks.sliding_window(1), masks.causal() | masks.global_tokens([0]))
+    ]
     for p in pictures:
         assert isinstance(p, str) and p.count("\n") >= 2 and len(p) < 4000, p
     assert len(set(pictures)) == len(pictures), "different masks draw the same picture"
@@ -242,8 +270,12 @@ def test_from_dense_rejects_a_wrong_size():
 
 def test_causal_offsets_beyond_the_sequence_show_or_hide_everything_without_overflow(impl, rng):
     q, k, v = make_qkv(rng, (1, 3, 2), (1, 4, 2))
-    for offset, allowed in ((10**30, np.ones((3, 4), bool)), (-(10**30), np.zeros((3, 4), bool)),
-                            (4, np.ones((3, 4), bool)), (-3, np.zeros((3, 4), bool))):
+    for offset, allowed in (
+        (10**30, np.ones((3, 4), bool)),
+        (-(10**30), np.zeros((3, 4), bool)),
+        (4, np.ones((3, 4), bool)),
+        (-3, np.zeros((3, 4), bool)),
+    ):
         m = masks.causal(offset)
         np.testing.assert_array_equal(m.dense(3, 4), allowed)
         expected = O.attention_oracle(q, k, v, allowed=allowed)
@@ -256,12 +288,15 @@ def test_empty_global_tokens_add_nothing():
     np.testing.assert_array_equal(m.blocks(5, 5, 2, 2), masks.sliding_window(2).blocks(5, 5, 2, 2))
 
 
-@pytest.mark.parametrize(("build", "words"), [
-    (lambda: masks.random_blocks(4, 1, -1), "seed must be an integer >= 0"),
-    (lambda: masks.random_blocks(2**64, 1, 0), "block must be at most"),
-    (lambda: masks.dilated(3, 2**64), "dilation must be at most"),
-    (lambda: masks.sliding_window(2**40), "size must be at most"),
-])
+@pytest.mark.parametrize(
+    ("build", "words"),
+    [
+        (lambda: masks.random_blocks(4, 1, -1), "seed must be an integer >= 0"),
+        (lambda: masks.random_blocks(2**64, 1, 0), "block must be at most"),
+        (lambda: masks.dilated(3, 2**64), "dilation must be at most"),
+        (lambda: masks.sliding_window(2**40), "size must be at most"),
+    ],
+)
 def test_mask_parameters_out_of_range_raise_mask_errors(build, words):
     with pytest.raises(MaskError, match=words):
         build()

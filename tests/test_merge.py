@@ -81,8 +81,9 @@ def test_torch_in_torch_out_same_result(rng):
     outs, lses = split_keys(rng, q, k, v, allowed, 3)
     expected_out, _, expected_lse = O.attention_oracle(q, k, v, allowed)
     for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-6)):
-        out, lse = qkv.merge_attention([torch.tensor(o, dtype=dtype) for o in outs],
-                                       [torch.tensor(s, dtype=dtype) for s in lses])
+        out, lse = qkv.merge_attention(
+            [torch.tensor(o, dtype=dtype) for o in outs], [torch.tensor(s, dtype=dtype) for s in lses]
+        )
         assert isinstance(out, torch.Tensor) and out.dtype == dtype and lse.dtype == dtype
         assert_close(out, expected_out, tol=tol)
         assert_close(lse, expected_lse, tol=tol)
@@ -99,7 +100,7 @@ def test_half_precision_merges_in_float32_and_returns_the_output_dtype(rng):
     l64 = torch.stack(lses).double()
     w = torch.softmax(l64, dim=0)[..., None]
     expected = (w * torch.stack(outs).double()).sum(0)
-    assert float((out.double() - expected).abs().max()) <= 2 ** -7 * float(expected.abs().max())
+    assert float((out.double() - expected).abs().max()) <= 2**-7 * float(expected.abs().max())
 
 
 @needs_torch
@@ -122,8 +123,10 @@ def test_all_empty_row_gets_zero_gradients_not_nan():
     import torch
 
     outs = [torch.zeros(2, 3, dtype=torch.float64, requires_grad=True) for _ in range(2)]
-    lses = [torch.tensor([-np.inf, 1.0], dtype=torch.float64, requires_grad=True),
-            torch.tensor([-np.inf, -np.inf], dtype=torch.float64, requires_grad=True)]
+    lses = [
+        torch.tensor([-np.inf, 1.0], dtype=torch.float64, requires_grad=True),
+        torch.tensor([-np.inf, -np.inf], dtype=torch.float64, requires_grad=True),
+    ]
     out, lse = qkv.merge_attention(outs, lses)
     (out.sum() + torch.where(torch.isfinite(lse), lse, 0).sum()).backward()
     for x in (*outs, *lses):
@@ -132,14 +135,17 @@ def test_all_empty_row_gets_zero_gradients_not_nan():
     assert (outs[0].grad[1] == 1).all() and (outs[1].grad[1] == 0).all()  # part 1 is empty in row 1
 
 
-@pytest.mark.parametrize("outs,lses,error,words", [
-    ([], [], ArgumentError, "at least one part"),
-    ([np.zeros((2, 3))], [np.zeros(2), np.zeros(2)], ArgumentError, "outs has 1 parts but lses has 2"),
-    ([np.zeros((2, 3)), np.zeros((2, 4))], [np.zeros(2), np.zeros(2)], ShapeError, r"outs\[1\] has shape \(2, 4\)"),
-    ([np.zeros((2, 3))], [np.zeros(3)], ShapeError, r"lses\[0\] has shape \(3,\)"),
-    ([np.zeros((2, 3), dtype=int)], [np.zeros(2)], DTypeError, "floating-point"),
-    (np.zeros((2, 3)), np.zeros(2), ShapeError, r"outs\[0\] has shape \(3,\)"),
-])
+@pytest.mark.parametrize(
+    "outs,lses,error,words",
+    [
+        ([], [], ArgumentError, "at least one part"),
+        ([np.zeros((2, 3))], [np.zeros(2), np.zeros(2)], ArgumentError, "outs has 1 parts but lses has 2"),
+        ([np.zeros((2, 3)), np.zeros((2, 4))], [np.zeros(2), np.zeros(2)], ShapeError, r"outs\[1\] has shape \(2, 4\)"),
+        ([np.zeros((2, 3))], [np.zeros(3)], ShapeError, r"lses\[0\] has shape \(3,\)"),
+        ([np.zeros((2, 3), dtype=int)], [np.zeros(2)], DTypeError, "floating-point"),
+        (np.zeros((2, 3)), np.zeros(2), ShapeError, r"outs\[0\] has shape \(3,\)"),
+    ],
+)
 def test_bad_parts_raise_named_errors(outs, lses, error, words):
     with pytest.raises(error, match=words):
         qkv.merge_attention(outs, lses)

@@ -142,8 +142,12 @@ def test_from_torch_matches_outputs_weights_and_gradients(batch_first, kind):
     torch.testing.assert_close(xq.grad, gx_t, **F32)
     wq, wk, wv = m.in_proj_weight.grad.chunk(3)
     bq, bk, bv = m.in_proj_bias.grad.chunk(3)
-    for lin, gw, gb in ((ours.q_proj, wq, bq), (ours.k_proj, wk, bk), (ours.v_proj, wv, bv),
-                        (ours.out_proj, m.out_proj.weight.grad, m.out_proj.bias.grad)):
+    for lin, gw, gb in (
+        (ours.q_proj, wq, bq),
+        (ours.k_proj, wk, bk),
+        (ours.v_proj, wv, bv),
+        (ours.out_proj, m.out_proj.weight.grad, m.out_proj.bias.grad),
+    ):
         torch.testing.assert_close(lin.weight.grad, gw, **F32)
         torch.testing.assert_close(lin.bias.grad, gb, **F32)
 
@@ -157,9 +161,14 @@ def test_mask_from_torch_converts_at_the_boundary():
     pad = torch.tensor([[False] * 4 + [True], [False] * 5])
     per_head = (torch.rand(b * h, n, n) < 0.3) & ~torch.eye(n, dtype=torch.bool)
     bias = torch.randn(n, n)
-    for tk in (dict(attn_mask=hidden), dict(key_padding_mask=pad), dict(attn_mask=hidden, key_padding_mask=pad),
-               dict(attn_mask=per_head), dict(attn_mask=bias), dict(attn_mask=bias, key_padding_mask=pad.float()
-                                                                    .masked_fill(pad, -math.inf))):
+    for tk in (
+        dict(attn_mask=hidden),
+        dict(key_padding_mask=pad),
+        dict(attn_mask=hidden, key_padding_mask=pad),
+        dict(attn_mask=per_head),
+        dict(attn_mask=bias),
+        dict(attn_mask=bias, key_padding_mask=pad.float().masked_fill(pad, -math.inf)),
+    ):
         with torch.no_grad():
             want, _ = m(x, x, x, **tk)
             got = ours(x, mask=mask_from_torch(**tk, n_heads=h))
@@ -186,8 +195,12 @@ def test_from_torch_float64_is_exact_to_float64_precision():
     ours = MultiHeadAttention.from_torch(m)
     x = torch.randn(2, 5, 16, dtype=torch.float64)
     with torch.no_grad():
-        torch.testing.assert_close(ours(x, causal=True), m(x, x, x, attn_mask=torch.triu(
-            torch.ones(5, 5, dtype=torch.bool), 1))[0], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(
+            ours(x, causal=True),
+            m(x, x, x, attn_mask=torch.triu(torch.ones(5, 5, dtype=torch.bool), 1))[0],
+            rtol=1e-12,
+            atol=1e-12,
+        )
 
 
 def test_from_torch_refuses_what_it_cannot_copy():

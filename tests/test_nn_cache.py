@@ -79,8 +79,10 @@ def test_generate_gives_the_same_tokens_with_and_without_the_cache(pos):
     for _ in range(12):
         seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(greedy, seq)
-    sampled = [model.generate(idx, 12, temperature=1.5, use_cache=c, generator=torch.Generator().manual_seed(7))
-               for c in (True, False)]
+    sampled = [
+        model.generate(idx, 12, temperature=1.5, use_cache=c, generator=torch.Generator().manual_seed(7))
+        for c in (True, False)
+    ]
     assert torch.equal(sampled[0], sampled[1])
     assert not torch.equal(sampled[0], greedy)  # sampling at a high temperature does differ
 

@@ -13,8 +13,9 @@ T = 4  # the perturbed position; sequences have 7
 def _check(f, x, perturbed):
     with torch.no_grad():
         a, b = f(x), f(perturbed)
-    assert torch.equal(a[:, :T], b[:, :T]) or torch.allclose(a[:, :T], b[:, :T], rtol=0, atol=1e-6), \
+    assert torch.equal(a[:, :T], b[:, :T]) or torch.allclose(a[:, :T], b[:, :T], rtol=0, atol=1e-6), (
         f"outputs before t={T} changed by {float((a[:, :T] - b[:, :T]).abs().max()):.3g}"
+    )
     assert (a[:, T:] - b[:, T:]).abs().max() > 1e-4, "the perturbation changed nothing: the check is vacuous"
 
 

@@ -130,8 +130,9 @@ def test_blocks_match_torch_layers(norm):
     torch.testing.assert_close(dblock(x, context=memory, causal=True), want, **F32)
 
     final = torch.nn.LayerNorm(16) if norm == "pre" else None
-    enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(16, 4, **kw), 2, norm=final,
-                                      enable_nested_tensor=False)
+    enc = torch.nn.TransformerEncoder(
+        torch.nn.TransformerEncoderLayer(16, 4, **kw), 2, norm=final, enable_nested_tensor=False
+    )
     ours = TransformerEncoder(16, 4, 32, n_layers=2, norm=norm)
     for o, t in zip(ours.layers, enc.layers, strict=True):
         _copy_block(o, t)

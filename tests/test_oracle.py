@@ -47,13 +47,14 @@ def test_every_mask_kind_matches_the_oracle(case, impl, rng):
     check_against_oracle(impl.attention(q, k, v, mask=mask), O.attention_oracle(q, k, v, allowed=allowed))
 
 
-@pytest.mark.parametrize("case", [c.param() for c in MASK_CASES if c.id in
-                                  ("causal-square", "padding-q-lengths", "longformer", "from-dense")])
+@pytest.mark.parametrize(
+    "case",
+    [c.param() for c in MASK_CASES if c.id in ("causal-square", "padding-q-lengths", "longformer", "from-dense")],
+)
 def test_mask_object_and_its_dense_bool_array_agree(case, impl, rng):
     q, k, v = make_qkv(rng, (2, 4, case.nq, 5), (2, 2, case.nk, 5), (2, 2, case.nk, 3))
     allowed = case.oracle(case.nq, case.nk, qkv.masks)
-    check_against_oracle(impl.attention(q, k, v, mask=np.array(allowed)),
-                         O.attention_oracle(q, k, v, allowed=allowed))
+    check_against_oracle(impl.attention(q, k, v, mask=np.array(allowed)), O.attention_oracle(q, k, v, allowed=allowed))
 
 
 def test_complement_of_a_mask_matches_the_oracle(impl, rng):
@@ -68,8 +69,9 @@ def test_float_bias_with_minus_inf_and_causal(impl, rng):
     bias = 2 * rng.standard_normal((2, 1, 5, 7))
     bias[0, 0, 3, :5] = -np.inf
     allowed = O.causal_allowed(5, 7)
-    check_against_oracle(impl.attention(q, k, v, mask=bias, causal=True),
-                         O.attention_oracle(q, k, v, allowed=allowed, bias=bias))
+    check_against_oracle(
+        impl.attention(q, k, v, mask=bias, causal=True), O.attention_oracle(q, k, v, allowed=allowed, bias=bias)
+    )
 
 
 def test_bool_mask_array_per_head(impl, rng):
@@ -99,14 +101,15 @@ def test_every_score_mod_matches_the_oracle(case, impl, rng):
     check_against_oracle(res, O.attention_oracle(q, k, v, score_fn=case.oracle(), **kw))
 
 
-@pytest.mark.parametrize("case", [c.param() for c in SCORE_CASES if c.id in
-                                  ("alibi-n-heads-4", "relative-bias-per-head", "alibi-then-softcap")])
+@pytest.mark.parametrize(
+    "case",
+    [c.param() for c in SCORE_CASES if c.id in ("alibi-n-heads-4", "relative-bias-per-head", "alibi-then-softcap")],
+)
 def test_score_mod_with_nq_gt_nk_and_causal(case, impl, rng):
     nq, nk = 7, 4
     q, k, v = make_qkv(rng, (1, case.h, nq, 4), (1, case.hkv, nk, 4))
     kw = {} if case.scale is None else {"scale": case.scale}
-    res = impl.attention(q, k, v, score_mod=case.build(qkv.scores), causal=True,
-                         nonadditive=not case.additive, **kw)
+    res = impl.attention(q, k, v, score_mod=case.build(qkv.scores), causal=True, nonadditive=not case.additive, **kw)
     golden = O.attention_oracle(q, k, v, score_fn=case.oracle(), allowed=O.causal_allowed(nq, nk), **kw)
     check_against_oracle(res, golden)
 
@@ -117,13 +120,16 @@ def test_order_score_mod_then_bias_then_mask(impl, rng):
     bias = np.zeros((4, 6))
     bias[:, 1] = 5.0
     bias[2, 4] = -np.inf
-    golden = O.attention_oracle(q, k, v, score_fn=O.softcap_score(1.0), bias=bias, scale=2.0,
-                                allowed=O.causal_allowed(4, 6))
-    res = impl.attention(q, k, v, score_mod=qkv.scores.softcap(1.0), mask=bias, causal=True, scale=2.0,
-                         nonadditive=True)
+    golden = O.attention_oracle(
+        q, k, v, score_fn=O.softcap_score(1.0), bias=bias, scale=2.0, allowed=O.causal_allowed(4, 6)
+    )
+    res = impl.attention(
+        q, k, v, score_mod=qkv.scores.softcap(1.0), mask=bias, causal=True, scale=2.0, nonadditive=True
+    )
     check_against_oracle(res, golden)
-    capped_bias = O.attention_oracle(q, k, v, score_fn=lambda s, *a: np.tanh(s + bias[a[1]]), scale=2.0,
-                                     allowed=O.causal_allowed(4, 6))[0]
+    capped_bias = O.attention_oracle(
+        q, k, v, score_fn=lambda s, *a: np.tanh(s + bias[a[1]]), scale=2.0, allowed=O.causal_allowed(4, 6)
+    )[0]
     assert np.abs(golden[0] - capped_bias).max() > 1e-3  # the two orders are distinguishable
 
 
@@ -170,5 +176,6 @@ def test_property_every_impl_matches_the_oracle(impl_id, problem):
     if mask_kind == "window":
         kw["mask"] = qkv.masks.sliding_window(2)
         allowed = O.sliding_window_allowed(nq, nk, 2)
-    check_against_oracle(runner.attention(q, k, v, **kw),
-                         O.attention_oracle(q, k, v, allowed=allowed, bias=bias, scale=scale))
+    check_against_oracle(
+        runner.attention(q, k, v, **kw), O.attention_oracle(q, k, v, allowed=allowed, bias=bias, scale=scale)
+    )

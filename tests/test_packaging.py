@@ -78,7 +78,7 @@ def test_the_wheel_holds_the_package_and_nothing_else(dist):
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     metadata = zipfile.ZipFile(wheel).read(f"qkv-{VERSION}.dist-info/METADATA").decode()
     assert "License-Expression: MIT" in metadata and "Requires-Python: >=3.10" in metadata
-    assert "## Two commands" in metadata and "# Changelog" in metadata    # README + CHANGELOG as the description
+    assert "## Two commands" in metadata and "# Changelog" in metadata  # README + CHANGELOG as the description
     assert "Provides-Extra: cli" in metadata and "Provides-Extra: lab" in metadata
 
 
@@ -105,14 +105,16 @@ def test_the_wheel_installs_and_runs_in_a_fresh_venv(dist, tmp_path):
 
     out = run(bin_ / "qkv", "explain", cwd=tmp_path).stdout
     assert "the built-in example" in out
-    assert re.search(r"0\.5989\s+1\.0000\s+0\.5989\s+1\.2033", out)   # O = AV of the worked example
-    assert re.search(r"1\.6206\s+1\.6206", out)                       # its lse
+    assert re.search(r"0\.5989\s+1\.0000\s+0\.5989\s+1\.2033", out)  # O = AV of the worked example
+    assert re.search(r"1\.6206\s+1\.6206", out)  # its lse
 
-    lab = run(bin_ / "qkv", "lab", "--help", cwd=tmp_path).stdout       # without fastapi installed
+    lab = run(bin_ / "qkv", "lab", "--help", cwd=tmp_path).stdout  # without fastapi installed
     assert "lab" in lab and "--port" in lab
 
-    probe = (f"import sys, qkv; assert qkv.__version__ == {VERSION!r}; "
-             "heavy = {'torch', 'fastapi', 'matplotlib', 'jax', 'transformers'} & set(sys.modules); "
-             "assert not heavy, heavy; print(qkv.__file__)")
+    probe = (
+        f"import sys, qkv; assert qkv.__version__ == {VERSION!r}; "
+        "heavy = {'torch', 'fastapi', 'matplotlib', 'jax', 'transformers'} & set(sys.modules); "
+        "assert not heavy, heavy; print(qkv.__file__)"
+    )
     where = run(python, "-c", probe, cwd=tmp_path).stdout
     assert str(venv) in where  # the installed copy, not the source tree

@@ -183,10 +183,17 @@ def test_alibi_figure_one_panel_per_head():
 
 def fake_history(steps=(0, 5, 10), heads=2, t=5, layers=2, rng=None):
     rng = rng or np.random.default_rng(0)
-    snaps = [SimpleNamespace(step=s, weights=[softmax(rng.standard_normal((heads, t, t))) for _ in range(layers)])
-             for s in steps]
-    return SimpleNamespace(task="copy", attention=snaps, loss=list(np.linspace(2, 0.1, 10)),
-                           accuracy=list(np.linspace(0, 1, 10)), probe=np.arange(t + 1))
+    snaps = [
+        SimpleNamespace(step=s, weights=[softmax(rng.standard_normal((heads, t, t))) for _ in range(layers)])
+        for s in steps
+    ]
+    return SimpleNamespace(
+        task="copy",
+        attention=snaps,
+        loss=list(np.linspace(2, 0.1, 10)),
+        accuracy=list(np.linspace(0, 1, 10)),
+        probe=np.arange(t + 1),
+    )
 
 
 def test_attention_grid_rows_are_steps_and_columns_heads(rng):

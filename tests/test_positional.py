@@ -38,12 +38,15 @@ def test_sinusoidal_matches_the_formula(n, d, base):
 
 
 def test_sinusoidal_known_row():
-    np.testing.assert_allclose(positional.sinusoidal(2, 4)[1], [math.sin(1), math.cos(1), math.sin(0.01),
-                                                                 math.cos(0.01)], atol=1e-15)
+    np.testing.assert_allclose(
+        positional.sinusoidal(2, 4)[1], [math.sin(1), math.cos(1), math.sin(0.01), math.cos(0.01)], atol=1e-15
+    )
 
 
-@pytest.mark.parametrize("kw", [dict(n=-1, d=4), dict(n=3, d=0), dict(n=3.5, d=4), dict(n=3, d=4, base=0.0),
-                                dict(n=3, d=4, base=float("inf"))])
+@pytest.mark.parametrize(
+    "kw",
+    [dict(n=-1, d=4), dict(n=3, d=0), dict(n=3.5, d=4), dict(n=3, d=4, base=0.0), dict(n=3, d=4, base=float("inf"))],
+)
 def test_sinusoidal_rejects_bad_arguments(kw):
     with pytest.raises(ArgumentError):
         positional.sinusoidal(**kw)
@@ -113,8 +116,9 @@ def test_rope_torch_keeps_dtype_device_and_gradients():
 
 def test_rope_rotation_preserves_norms(rng):
     x = rng.standard_normal((4, 10))
-    np.testing.assert_allclose(np.linalg.norm(positional.rope(x, np.arange(100, 104)), axis=-1),
-                               np.linalg.norm(x, axis=-1), rtol=1e-12)
+    np.testing.assert_allclose(
+        np.linalg.norm(positional.rope(x, np.arange(100, 104)), axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-12
+    )
 
 
 def test_rope_errors_name_the_problem(rng):
@@ -131,4 +135,4 @@ def test_rope_errors_name_the_problem(rng):
 
 
 def test_alibi_slopes_for_eight_heads_are_powers_of_one_half():
-    np.testing.assert_allclose(positional.alibi_slopes(8), [2.0 ** -k for k in range(1, 9)], rtol=0, atol=0)
+    np.testing.assert_allclose(positional.alibi_slopes(8), [2.0**-k for k in range(1, 9)], rtol=0, atol=0)

@@ -17,9 +17,8 @@ def test_alibi_slopes_follow_the_paper(n_heads):
 
 def test_oracle_alibi_slopes_known_values():
     """The independent slopes themselves: 8 heads give 1/2, 1/4, ..., 1/256 (arXiv:2108.12409)."""
-    np.testing.assert_allclose(O.alibi_slopes(8), [2.0 ** -k for k in range(1, 9)], rtol=1e-15)
-    np.testing.assert_allclose(O.alibi_slopes(6), [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8,
-                                                   2.0 ** -1, 2.0 ** -3], rtol=1e-15)
+    np.testing.assert_allclose(O.alibi_slopes(8), [2.0**-k for k in range(1, 9)], rtol=1e-15)
+    np.testing.assert_allclose(O.alibi_slopes(6), [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3], rtol=1e-15)
 
 
 def test_alibi_default_takes_the_heads_from_the_scores(impl, rng):
@@ -32,10 +31,20 @@ def test_chaining_is_associative_and_ordered(impl, rng):
     q, k, v = make_qkv(rng, (1, 4, 5, 3), (1, 4, 6, 3))
     s = qkv.scores
     a, b, c = s.alibi(n_heads=4), s.temperature(0.7), s.softcap(2.0)
-    golden = O.attention_oracle(q, k, v, scale=1.0, score_fn=O.chain_scores(
-        O.alibi_score(O.alibi_slopes(4)), O.temperature_score(0.7), O.softcap_score(2.0)))
+    golden = O.attention_oracle(
+        q,
+        k,
+        v,
+        scale=1.0,
+        score_fn=O.chain_scores(O.alibi_score(O.alibi_slopes(4)), O.temperature_score(0.7), O.softcap_score(2.0)),
+    )
     for mod in ((a + b) + c, a + (b + c)):
         check_against_oracle(impl.attention(q, k, v, score_mod=mod, scale=1.0, nonadditive=True), golden)
-    swapped = O.attention_oracle(q, k, v, scale=1.0, score_fn=O.chain_scores(
-        O.softcap_score(2.0), O.temperature_score(0.7), O.alibi_score(O.alibi_slopes(4))))[0]
+    swapped = O.attention_oracle(
+        q,
+        k,
+        v,
+        scale=1.0,
+        score_fn=O.chain_scores(O.softcap_score(2.0), O.temperature_score(0.7), O.alibi_score(O.alibi_slopes(4))),
+    )[0]
     assert np.abs(golden[0] - swapped).max() > 1e-3  # order matters, so the check above can fail

@@ -37,8 +37,14 @@ CASES = [  # q shape, k shape, Da
 
 def _inputs(rng, qs, ks, da):
     q, k = rng.standard_normal(qs), rng.standard_normal(ks)
-    return q, k, rng.standard_normal((qs[-1], ks[-1])), rng.standard_normal((da, qs[-1])), \
-        rng.standard_normal((da, ks[-1])), rng.standard_normal(da)
+    return (
+        q,
+        k,
+        rng.standard_normal((qs[-1], ks[-1])),
+        rng.standard_normal((da, qs[-1])),
+        rng.standard_normal((da, ks[-1])),
+        rng.standard_normal(da),
+    )
 
 
 @pytest.mark.parametrize("qs,ks,da", CASES)
@@ -89,10 +95,12 @@ def test_torch_matches_numpy_and_autograd_of_the_formula(rng, qs, ks, da):
     assert isinstance(sg, torch.Tensor) and sg.dtype == torch.float64
     np.testing.assert_allclose(sg.detach().numpy(), ref_general.detach().numpy(), atol=1e-12)
     np.testing.assert_allclose(sa.detach().numpy(), ref_additive.detach().numpy(), atol=1e-12)
-    for got, want in ((torch.autograd.grad(sg, (q, k, w), ds), ref_g),
-                      (torch.autograd.grad(sa, (q, k, w_q, w_k, v), ds), ref_a),
-                      (S.general_backward(ds, q.detach(), k.detach(), w.detach()), ref_g),
-                      (S.additive_backward(ds, *(x.detach() for x in (q, k, w_q, w_k, v))), ref_a)):
+    for got, want in (
+        (torch.autograd.grad(sg, (q, k, w), ds), ref_g),
+        (torch.autograd.grad(sa, (q, k, w_q, w_k, v), ds), ref_a),
+        (S.general_backward(ds, q.detach(), k.detach(), w.detach()), ref_g),
+        (S.additive_backward(ds, *(x.detach() for x in (q, k, w_q, w_k, v))), ref_a),
+    ):
         for g, r in zip(got, want, strict=True):
             np.testing.assert_allclose(g.detach().numpy(), r.numpy(), atol=1e-12)
 

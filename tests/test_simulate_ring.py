@@ -26,8 +26,11 @@ CASES = [  # h, hkv, nq, nk, world, causal, layout
 
 
 def make(rng, h, hkv, nq, nk, dv=3):
-    return (rng.standard_normal((2, h, nq, 5)), rng.standard_normal((2, hkv, nk, 5)),
-            rng.standard_normal((2, hkv, nk, dv)))
+    return (
+        rng.standard_normal((2, h, nq, 5)),
+        rng.standard_normal((2, hkv, nk, 5)),
+        rng.standard_normal((2, hkv, nk, dv)),
+    )
 
 
 def positions(segs):
@@ -62,8 +65,9 @@ def test_each_step_holds_attention_over_the_blocks_seen_so_far(rng, h, hkv, nq, 
         part, _, part_lse = O.attention_oracle(q[..., qi, :], k[..., kj, :], v[..., kj, :], allowed[np.ix_(qi, kj)])
         assert_close(s.out, part, tol=1e-12, name=f"rank {s.rank} step {s.step} out")
         assert_close(s.lse, part_lse, tol=1e-12, name=f"rank {s.rank} step {s.step} lse")
-        merged, _, merged_lse = O.attention_oracle(q[..., qi, :], k[..., seen, :], v[..., seen, :],
-                                                   allowed[np.ix_(qi, seen)])
+        merged, _, merged_lse = O.attention_oracle(
+            q[..., qi, :], k[..., seen, :], v[..., seen, :], allowed[np.ix_(qi, seen)]
+        )
         assert_close(s.merged_out, merged, tol=1e-12, name=f"rank {s.rank} step {s.step} merged")
         assert_close(s.merged_lse, merged_lse, tol=1e-12, name=f"rank {s.rank} step {s.step} merged lse")
         assert s.skipped == (not allowed[np.ix_(qi, kj)].any())
@@ -133,16 +137,27 @@ def test_record_is_json_safe(rng):
     assert back["steps"][1]["lse"][0][0] == [None, None]
 
 
-@pytest.mark.parametrize("world,layout,causal",
-                         [(2, "contiguous", False), (4, "zigzag", True), (3, "contiguous", True)])
+@pytest.mark.parametrize(
+    "world,layout,causal", [(2, "contiguous", False), (4, "zigzag", True), (3, "contiguous", True)]
+)
 def test_communication_predicts_the_simulated_ring_bytes(rng, world, layout, causal):
     from qkv.distributed import simulate_ring
 
     q, k, v = make(rng, 4, 2, 24, 24)
     for dtype in (np.float64, np.float32):
         sim = simulate_ring(*(x.astype(dtype) for x in (q, k, v)), world, causal, layout=layout)
-        pred = complexity.communication(24, d_k=5, d_v=3, heads=4, kv_heads=2, batch=2, dtype=np.dtype(dtype).name,
-                                        world_size=world, layout=layout, causal=causal)
+        pred = complexity.communication(
+            24,
+            d_k=5,
+            d_v=3,
+            heads=4,
+            kv_heads=2,
+            batch=2,
+            dtype=np.dtype(dtype).name,
+            world_size=world,
+            layout=layout,
+            causal=causal,
+        )
         for r in range(world):
             sent = [s.bytes_sent for s in sim.steps if s.rank == r and s.bytes_sent]
             assert tuple(sent) == pred.bytes_per_step and sum(sent) == pred.bytes_per_rank
@@ -164,29 +179,35 @@ def test_communication_model_numbers():
     assert complexity.communication(64, world_size=1).bytes_per_rank == 0
 
 
-@pytest.mark.parametrize("kwargs,error,words", [
-    ({"world_size": 0}, ArgumentError, "world_size must be an integer >= 1"),
-    ({"world_size": 3}, ShapeError, "n=64 does not divide into 3"),
-    ({"world_size": 4, "layout": "zigzag", "n": 36}, ShapeError, "n=36 does not divide into 8"),
-    ({"scheme": "tree"}, ArgumentError, "scheme must be one of"),
-    ({"scheme": "ulysses", "layout": "zigzag"}, ArgumentError, "layout must be one of"),
-    ({"scheme": "ulysses", "heads": 6, "world_size": 4}, ShapeError, "heads=6 does not divide by world_size=4"),
-    ({"scheme": "ulysses", "heads": 8, "kv_heads": 2, "world_size": 4}, ShapeError, "kv_heads=2"),
-    ({"dtype": "int8"}, DTypeError, "dtype must be one of"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,words",
+    [
+        ({"world_size": 0}, ArgumentError, "world_size must be an integer >= 1"),
+        ({"world_size": 3}, ShapeError, "n=64 does not divide into 3"),
+        ({"world_size": 4, "layout": "zigzag", "n": 36}, ShapeError, "n=36 does not divide into 8"),
+        ({"scheme": "tree"}, ArgumentError, "scheme must be one of"),
+        ({"scheme": "ulysses", "layout": "zigzag"}, ArgumentError, "layout must be one of"),
+        ({"scheme": "ulysses", "heads": 6, "world_size": 4}, ShapeError, "heads=6 does not divide by world_size=4"),
+        ({"scheme": "ulysses", "heads": 8, "kv_heads": 2, "world_size": 4}, ShapeError, "kv_heads=2"),
+        ({"dtype": "int8"}, DTypeError, "dtype must be one of"),
+    ],
+)
 def test_communication_rejects_bad_configurations(kwargs, error, words):
     kwargs = {"n": 64, **kwargs}
     with pytest.raises(error, match=words):
         complexity.communication(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs,error,words", [
-    ({"world_size": 0}, ArgumentError, "world_size must be an integer >= 1"),
-    ({"world_size": 3}, ShapeError, r"q has N=8 positions on axis -2, which does not divide into world size 3"),
-    ({"world_size": 4, "layout": "zigzag"}, ShapeError, r"2 · world size = 8 chunks \(zigzag layout\)"),
-    ({"world_size": 2, "layout": "ring"}, ArgumentError, "layout must be one of"),
-    ({"world_size": 2, "causal": "yes"}, ArgumentError, "causal must be True or False"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,words",
+    [
+        ({"world_size": 0}, ArgumentError, "world_size must be an integer >= 1"),
+        ({"world_size": 3}, ShapeError, r"q has N=8 positions on axis -2, which does not divide into world size 3"),
+        ({"world_size": 4, "layout": "zigzag"}, ShapeError, r"2 · world size = 8 chunks \(zigzag layout\)"),
+        ({"world_size": 2, "layout": "ring"}, ArgumentError, "layout must be one of"),
+        ({"world_size": 2, "causal": "yes"}, ArgumentError, "causal must be True or False"),
+    ],
+)
 def test_simulate_ring_rejects_bad_arguments(kwargs, error, words):
     from qkv.distributed import simulate_ring
 

@@ -9,13 +9,15 @@ import oracle as O
 import qkv
 from helpers import HAS_TORCH, assert_close
 
-ROWS = np.array([
-    [0.0, 1.0, 2.0, 3.0],
-    [1000.0, 1001.0, 999.0, -1000.0],        # would overflow exp without the max shift
-    [-1000.0, -1001.0, -np.inf, -1002.0],    # would underflow to 0/0
-    [-np.inf, -np.inf, -np.inf, -np.inf],    # an empty row
-    [-np.inf, 5.0, -np.inf, -np.inf],        # a single live entry
-])
+ROWS = np.array(
+    [
+        [0.0, 1.0, 2.0, 3.0],
+        [1000.0, 1001.0, 999.0, -1000.0],  # would overflow exp without the max shift
+        [-1000.0, -1001.0, -np.inf, -1002.0],  # would underflow to 0/0
+        [-np.inf, -np.inf, -np.inf, -np.inf],  # an empty row
+        [-np.inf, 5.0, -np.inf, -np.inf],  # a single live entry
+    ]
+)
 
 
 def test_softmax_matches_the_oracle_without_warnings():

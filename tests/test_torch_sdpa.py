@@ -109,8 +109,11 @@ def test_float64_matches_sdpa_to_1e_12():
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_half_precision_matches_sdpa(dtype_name, causal):
     dtype = getattr(torch, dtype_name)
-    q, k, v = randn(2, 4, 32, 64, dtype=dtype, seed=24), randn(2, 2, 96, 64, dtype=dtype, seed=25), \
-        randn(2, 2, 96, 64, dtype=dtype, seed=26)
+    q, k, v = (
+        randn(2, 4, 32, 64, dtype=dtype, seed=24),
+        randn(2, 2, 96, 64, dtype=dtype, seed=25),
+        randn(2, 2, 96, 64, dtype=dtype, seed=26),
+    )
     kw = {"attn_mask": bottom_right(32, 96)} if causal else {}
     out = qkv.attention(q, k, v, causal=causal, impl="torch")
     assert out.dtype == dtype

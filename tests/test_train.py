@@ -35,8 +35,11 @@ def test_each_task_reaches_its_threshold_within_its_budget(task):
 
 def test_the_tasks_are_what_they_say(rng):
     g = torch.Generator().manual_seed(0)
-    for name, check in (("copy", lambda x, a: a == x), ("reverse", lambda x, a: a == x[::-1]),
-                        ("sort", lambda x, a: a == sorted(x))):
+    for name, check in (
+        ("copy", lambda x, a: a == x),
+        ("reverse", lambda x, a: a == x[::-1]),
+        ("sort", lambda x, a: a == sorted(x)),
+    ):
         tokens, answer = make_batch(name, 4, 5, g)
         assert tokens.shape == (4, 11) and answer.tolist() == list(range(6, 11))
         for row in tokens.tolist():
@@ -46,8 +49,9 @@ def test_the_tasks_are_what_they_say(rng):
     for row in tokens.tolist():
         pairs = dict(zip(row[0:6:2], row[1:6:2], strict=True))
         assert len(pairs) == 3 and row[6] == 32
-        assert sorted(row[7::2]) == sorted(pairs) and all(pairs[k] == v for k, v in zip(row[7::2], row[8::2],
-                                                                                     strict=True))
+        assert sorted(row[7::2]) == sorted(pairs) and all(
+            pairs[k] == v for k, v in zip(row[7::2], row[8::2], strict=True)
+        )
 
 
 def test_records_attention_maps_and_calls_back():
@@ -118,8 +122,23 @@ def _app():
 def test_cli_json_save_and_errors(tmp_path):
     runner = CliRunner()
     out = tmp_path / "run.npz"
-    res = runner.invoke(_app(), ["train", "--task", "sort", "--steps", "6", "--length", "4", "--record-every", "3",
-                                 "--save", str(out), "--json"])
+    res = runner.invoke(
+        _app(),
+        [
+            "train",
+            "--task",
+            "sort",
+            "--steps",
+            "6",
+            "--length",
+            "4",
+            "--record-every",
+            "3",
+            "--save",
+            str(out),
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert d["task"] == "sort" and len(d["loss"]) == 6 and [a["step"] for a in d["attention"]] == [0, 3, 6]

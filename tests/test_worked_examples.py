@@ -42,8 +42,9 @@ def test_unit_scale_example_backward_dv_is_a_transposed():
     for impl in ("reference", "auto"):
         _, _, dv = qkv.attention_backward(np.eye(2), Q1, K1, V1, out, lse, scale=1.0, impl=impl)
         assert (to_4_decimals(dv) == A1.T).all(), dv
-        grads = O.numerical_gradients(lambda q, k, v: O.attention_oracle(q, k, v, scale=1.0)[0], (Q1, K1, V1),
-                                      np.eye(2))
+        grads = O.numerical_gradients(
+            lambda q, k, v: O.attention_oracle(q, k, v, scale=1.0)[0], (Q1, K1, V1), np.eye(2)
+        )
         got = qkv.attention_backward(np.eye(2), Q1, K1, V1, out, lse, scale=1.0, impl=impl)
         for g, want in zip(got, grads, strict=True):
             assert np.abs(np.asarray(g) - want).max() < 1e-8

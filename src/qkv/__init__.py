@@ -23,6 +23,19 @@ from ._softmax import softmax as softmax
 from ._version import __version__ as __version__
 
 __all__ = [
-    "Trace", "approx", "attention", "attention_backward", "complexity", "diagnostics", "errors", "explain", "hopfield",
-    "logsumexp", "masks", "merge_attention", "positional", "scores", "softmax",
+    "Trace",
+    "approx",
+    "attention",
+    "attention_backward",
+    "complexity",
+    "diagnostics",
+    "errors",
+    "explain",
+    "hopfield",
+    "logsumexp",
+    "masks",
+    "merge_attention",
+    "positional",
+    "scores",
+    "softmax",
 ]

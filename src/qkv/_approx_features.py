@@ -52,13 +52,17 @@ def feature_map(xp: Any, fmap: str | Callable[[Array], Array], x: Array, name: s
         return relu(xp, x)
     f = fmap(x)  # type: ignore[operator]
     if not hasattr(f, "shape") or tuple(f.shape[:-1]) != tuple(x.shape[:-1]) or f.ndim != x.ndim:
-        raise ShapeError(f"feature_map({name}) must map {name} {tuple(x.shape)} to (..., N, F) keeping every "
-                         f"axis but the last, got {getattr(f, 'shape', type(f).__name__)}")
+        raise ShapeError(
+            f"feature_map({name}) must map {name} {tuple(x.shape)} to (..., N, F) keeping every "
+            f"axis but the last, got {getattr(f, 'shape', type(f).__name__)}"
+        )
     if f.dtype != x.dtype:
         f = xp.astype(f, x.dtype)
     if bool(xp.any(f < 0)):  # a negative feature can make the normaliser zero or negative
-        raise ArgumentError(f"feature_map({name}) returned negative features; linear attention normalises by "
-                            "φ(q)·Σφ(k), which needs φ >= 0")
+        raise ArgumentError(
+            f"feature_map({name}) returned negative features; linear attention normalises by "
+            "φ(q)·Σφ(k), which needs φ >= 0"
+        )
     return f
 
 

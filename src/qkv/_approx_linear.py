@@ -80,5 +80,7 @@ def causal_linear(xp: Any, fq: Array, fk: Array, v: Array, chunk: int | None = N
     num = fqc @ s + a @ vc
     den = xp.sum(fqc * z[..., None, :], axis=-1) + xp.sum(a, axis=-1)
     out = _normalise(xp, num, den[..., None])
-    out = xp.reshape(out, (*out.shape[:-3], (n_chunks - first) * c, out.shape[-1]))[..., lead:lead + live.shape[-2], :]
+    out = xp.reshape(out, (*out.shape[:-3], (n_chunks - first) * c, out.shape[-1]))[
+        ..., lead : lead + live.shape[-2], :
+    ]
     return _pad_rows(xp, out, dead, 0)

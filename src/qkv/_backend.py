@@ -60,8 +60,9 @@ def namespace(**arrays: Array) -> Any:
     kinds = {name: kind(a) for name, a in arrays.items() if a is not None}
     if len(set(kinds.values())) > 1:
         listed = ", ".join(f"{n} is {k}" for n, k in kinds.items())
-        raise DTypeError(f"arrays of mixed kinds ({listed}); pass arrays of one library "
-                         "(all NumPy, all torch or all JAX)")
+        raise DTypeError(
+            f"arrays of mixed kinds ({listed}); pass arrays of one library (all NumPy, all torch or all JAX)"
+        )
     return array_api_compat.array_namespace(*(a for a in arrays.values() if a is not None))
 
 
@@ -142,8 +143,9 @@ def rand_uniform(rng: Any, like: Array, shape: tuple[int, ...]) -> Array:
         import jax
 
         if rng is None or not is_jax(rng):
-            raise DTypeError(f"rng is {type(rng).__name__}; dropout on JAX arrays needs a JAX PRNG key, "
-                             "e.g. rng=jax.random.key(0)")
+            raise DTypeError(
+                f"rng is {type(rng).__name__}; dropout on JAX arrays needs a JAX PRNG key, e.g. rng=jax.random.key(0)"
+            )
         return jax.random.uniform(rng, shape, dtype=jax.numpy.float32)
     if is_torch(like):
         import torch

@@ -58,9 +58,7 @@ def check_qkv(q: Array, k: Array, v: Array) -> Dims:
             "cast them to one dtype"
         )
     if k.shape[-1] != q.shape[-1]:
-        raise ShapeError(
-            f"k has d_k={k.shape[-1]} on its last axis but q has d_k={q.shape[-1]} ({_shapes(q=q, k=k)})"
-        )
+        raise ShapeError(f"k has d_k={k.shape[-1]} on its last axis but q has d_k={q.shape[-1]} ({_shapes(q=q, k=k)})")
     if v.shape[-2] != k.shape[-2]:
         raise ShapeError(f"v has Nk={v.shape[-2]} on axis -2 but k has Nk={k.shape[-2]} ({_shapes(k=k, v=v)})")
     has_heads = max(q.ndim, k.ndim, v.ndim) >= 3

@@ -106,8 +106,12 @@ def _child(spec_json: str) -> None:
     rng = np.random.default_rng(0)
 
     def make(nq: int, nk: int) -> list[Any]:
-        shapes = [(s["batch"], s["heads"], nq, s["d"]), (s["batch"], s["kv_heads"], nk, s["d"]),
-                  (s["batch"], s["kv_heads"], nk, s["d"]), (s["batch"], s["heads"], nq, s["d"])]
+        shapes = [
+            (s["batch"], s["heads"], nq, s["d"]),
+            (s["batch"], s["kv_heads"], nk, s["d"]),
+            (s["batch"], s["kv_heads"], nk, s["d"]),
+            (s["batch"], s["heads"], nq, s["d"]),
+        ]
         xs = [rng.standard_normal(shape, dtype=np.float32) for shape in shapes]  # no float64 temporaries
         if lib == "torch":
             import torch
@@ -152,14 +156,28 @@ def _child(spec_json: str) -> None:
         call(*inputs)
         times.append(time.perf_counter() - t0)
     seconds = float(np.median(times)) if times else first
-    print(json.dumps({"extra": (peak or 0) - base - out_bytes, "outputs": out_bytes, "seconds": seconds,
-                      "method": method + (" after mlockall" if pinned else "")}))
+    print(
+        json.dumps(
+            {
+                "extra": (peak or 0) - base - out_bytes,
+                "outputs": out_bytes,
+                "seconds": seconds,
+                "method": method + (" after mlockall" if pinned else ""),
+            }
+        )
+    )
 
 
 def _run_child(spec: dict[str, Any], env: dict[str, str], timeout: float) -> dict[str, Any]:
     code = "import sys; from qkv._complexity_cli import _child; _child(sys.argv[1])"
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], capture_output=True, text=True,
-                          timeout=timeout, check=False, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+    )
     if proc.returncode != 0:
         tail = " ".join(proc.stderr.strip().splitlines()[-2:])
         raise RuntimeError(f"measuring {spec} failed: {tail}")
@@ -218,9 +236,18 @@ def _measured(row: dict[str, Any], mask_spec: str, rate: float) -> dict[str, Any
     need = row["input_bytes"] + row["output_bytes"] + row["peak_bytes"]
     if need > MEASURE_BYTES or row["flops"] > MEASURE_FLOPS:
         return {**row, "skipped": f"too large to run here (> {_si(MEASURE_BYTES, 'B')} or > {MEASURE_FLOPS:.0e} FLOPs)"}
-    spec = {"batch": row["batch"], "heads": row["heads"], "kv_heads": row["kv_heads"], "n": row["n_q"],
-            "d": row["d_k"], "dtype": row["dtype"], "impl": row["impl"], "mask": mask_spec,
-            "backward": row["backward"], "lib": lib}
+    spec = {
+        "batch": row["batch"],
+        "heads": row["heads"],
+        "kv_heads": row["kv_heads"],
+        "n": row["n_q"],
+        "d": row["d_k"],
+        "dtype": row["dtype"],
+        "impl": row["impl"],
+        "mask": mask_spec,
+        "backward": row["backward"],
+        "lib": lib,
+    }
     m = measure(spec)
     return {**row, "measured": {**m, "lib": lib, "predicted_seconds": row["flops"] / rate}}
 
@@ -239,16 +266,28 @@ def _table(rows: list[dict[str, Any]], rate: float | None) -> Any:
     for col in heads:
         t.add_column(col, justify="left" if col == "impl" else "right")
     for r in rows:
-        cells = [r["impl"], str(r["n_q"]), _si(r["flops"], ""), f"{100 * r['kept_fraction']:.0f}%",
-                 _si(r["score_bytes"], ""), _si(r["peak_bytes"], ""), _si(r["kv_cache_bytes"], "")]
+        cells = [
+            r["impl"],
+            str(r["n_q"]),
+            _si(r["flops"], ""),
+            f"{100 * r['kept_fraction']:.0f}%",
+            _si(r["score_bytes"], ""),
+            _si(r["peak_bytes"], ""),
+            _si(r["kv_cache_bytes"], ""),
+        ]
         if rate:
             m = r.get("measured")
             if m is None:
                 cells += [f"{r['flops'] / rate * 1e3:.3g}", r.get("skipped", ""), "", "", ""]
             else:
                 ratio = f"{m['extra'] / r['peak_bytes']:.2f}" if r["peak_bytes"] else ""
-                cells += [f"{m['predicted_seconds'] * 1e3:.3g}", f"{m['seconds'] * 1e3:.3g}",
-                          _si(r["flops"] / m["seconds"], ""), _si(m["extra"], ""), ratio]
+                cells += [
+                    f"{m['predicted_seconds'] * 1e3:.3g}",
+                    f"{m['seconds'] * 1e3:.3g}",
+                    _si(r["flops"] / m["seconds"], ""),
+                    _si(m["extra"], ""),
+                    ratio,
+                ]
         t.add_row(*cells)
     return t
 
@@ -267,12 +306,19 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         rs = [r for r in rows if r["impl"] == impl]
         n, style = [r["n_q"] for r in rs], ("-", "--", ":", "-.")[i % 4]  # dashes: equal lines stay visible
         (line,) = ax_f.plot(n, [r["flops"] for r in rs], marker="o", linestyle=style, label=impl)
-        ax_m.plot(n, [max(r["peak_bytes"], 1) for r in rs], marker="o", linestyle=style, color=line.get_color(),
-                  label=impl)
+        ax_m.plot(
+            n, [max(r["peak_bytes"], 1) for r in rs], marker="o", linestyle=style, color=line.get_color(), label=impl
+        )
         got = [(r["n_q"], r["measured"]["extra"]) for r in rs if r.get("measured") and r["measured"]["extra"] > 0]
         if got:
-            ax_m.plot(*zip(*got, strict=True), linestyle="none", marker="x", markersize=9, color=line.get_color(),
-                      label=f"{impl} measured")
+            ax_m.plot(
+                *zip(*got, strict=True),
+                linestyle="none",
+                marker="x",
+                markersize=9,
+                color=line.get_color(),
+                label=f"{impl} measured",
+            )
     for ax, title in ((ax_f, "FLOPs"), (ax_m, "peak memory beyond inputs and output (bytes)")):
         ax.set(xscale="log", yscale="log", xlabel="N (= Nq = Nk)", title=title)
         ax.grid(True, which="both", alpha=0.3)
@@ -282,24 +328,33 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def complexity_command(
-    n: Annotated[str, typer.Option("--n", help="sequence lengths, comma-separated (Nq = Nk); 2k = 2000")]
-    = "512,1024,2048,4096,8192",
+    n: Annotated[
+        str, typer.Option("--n", help="sequence lengths, comma-separated (Nq = Nk); 2k = 2000")
+    ] = "512,1024,2048,4096,8192",
     d: Annotated[int, typer.Option("--d", min=1, help="features per head (Dk = Dv)")] = 64,
     heads: Annotated[int, typer.Option("--heads", min=1, help="query heads H")] = 8,
-    kv_heads: Annotated[int | None, typer.Option("--kv-heads", min=1, help="key/value heads (GQA; default H)")]
-    = None,
+    kv_heads: Annotated[int | None, typer.Option("--kv-heads", min=1, help="key/value heads (GQA; default H)")] = None,
     batch: Annotated[int, typer.Option("--batch", min=1, help="batch size B")] = 1,
     dtype: Annotated[str, typer.Option("--dtype", help="float32, float64, float16 or bfloat16")] = "float32",
-    impl: Annotated[list[str] | None, typer.Option(
-        "--impl", help="reference, flash, torch, auto: repeat or comma-separate (default: the first three)")] = None,
+    impl: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--impl", help="reference, flash, torch, auto: repeat or comma-separate (default: the first three)"
+        ),
+    ] = None,
     mask: Annotated[str, typer.Option("--mask", help="none, causal or sliding:W")] = "none",
     backward: Annotated[bool, typer.Option("--backward", help="add the backward pass")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the rows as JSON")] = False,
-    plot_path: Annotated[Path | None, typer.Option(
-        "--plot", metavar="FILE", help="write FLOPs and memory against N (log-log) to FILE (.png)")] = None,
-    measure_: Annotated[bool, typer.Option(
-        "--measure", help="also run each configuration small enough, and print measured time and peak memory")]
-    = False,
+    plot_path: Annotated[
+        Path | None,
+        typer.Option("--plot", metavar="FILE", help="write FLOPs and memory against N (log-log) to FILE (.png)"),
+    ] = None,
+    measure_: Annotated[
+        bool,
+        typer.Option(
+            "--measure", help="also run each configuration small enough, and print measured time and peak memory"
+        ),
+    ] = False,
 ) -> None:
     """Predicted FLOPs, materialised scores, peak memory and KV cache of attention, per impl and N.
 
@@ -311,8 +366,13 @@ def complexity_command(
 
     try:
         ns, impls, m = _ints(n, "--n"), _impls(impl), parse_mask(mask)
-        rows = [estimate(x, d_k=d, heads=heads, kv_heads=kv_heads, batch=batch, dtype=dtype, impl=name, mask=m,
-                         backward=backward).to_dict() for name in impls for x in ns]
+        rows = [
+            estimate(
+                x, d_k=d, heads=heads, kv_heads=kv_heads, batch=batch, dtype=dtype, impl=name, mask=m, backward=backward
+            ).to_dict()
+            for name in impls
+            for x in ns
+        ]
         rate = None
         if measure_:
             rate = matmul_rate()
@@ -335,7 +395,9 @@ def complexity_command(
         console = Console(highlight=False, width=160)  # pipes and files: no wrapping of the table
     console.print(_table(rows, rate))
     if rate:
-        console.print(f"predicted ms = FLOPs / {_si(rate, 'FLOP/s')} (float32 batched matmul here); "
-                      f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
+        console.print(
+            f"predicted ms = FLOPs / {_si(rate, 'FLOP/s')} (float32 batched matmul here); "
+            f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
+        )
     if plot_path is not None:
         console.print(f"plot written to {plot_path}")

@@ -57,8 +57,9 @@ def _call(q, k, v, mask, causal, scale, score_mod, dropout=0.0, rng=None, weight
         check_covers("mask", tuple(bias.shape), dims.score_shape)
     if score_mod is not None and not isinstance(score_mod, ScoreMod):
         raise DTypeError(f"score_mod must be a qkv.scores.ScoreMod, got {type(score_mod).__name__}")
-    return Call(q, k, v, dims, m, bias, score_mod, check_scale(scale, dims.dk), check_dropout(dropout), rng,
-                weights, lse)
+    return Call(
+        q, k, v, dims, m, bias, score_mod, check_scale(scale, dims.dk), check_dropout(dropout), rng, weights, lse
+    )
 
 
 def _no_keys_or_queries(c: Call) -> Result:
@@ -86,17 +87,54 @@ def _empty(c: Call) -> Result:
 
 
 @overload
-def attention(q: Array, k: Array, v: Array, *, mask: Any = ..., causal: bool = ..., scale: float | None = ...,
-              score_mod: ScoreMod | None = ..., dropout: float = ..., rng: Any = ..., impl: str = ...,
-              return_weights: Literal[False] = ..., return_lse: Literal[False] = ...) -> Array: ...
+def attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Any = ...,
+    causal: bool = ...,
+    scale: float | None = ...,
+    score_mod: ScoreMod | None = ...,
+    dropout: float = ...,
+    rng: Any = ...,
+    impl: str = ...,
+    return_weights: Literal[False] = ...,
+    return_lse: Literal[False] = ...,
+) -> Array: ...
 @overload
-def attention(q: Array, k: Array, v: Array, *, mask: Any = ..., causal: bool = ..., scale: float | None = ...,
-              score_mod: ScoreMod | None = ..., dropout: float = ..., rng: Any = ..., impl: str = ...,
-              return_weights: bool = ..., return_lse: bool = ...) -> Any: ...
+def attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Any = ...,
+    causal: bool = ...,
+    scale: float | None = ...,
+    score_mod: ScoreMod | None = ...,
+    dropout: float = ...,
+    rng: Any = ...,
+    impl: str = ...,
+    return_weights: bool = ...,
+    return_lse: bool = ...,
+) -> Any: ...
 
 
-def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None, dropout=0.0, rng=None,
-              impl="auto", return_weights=False, return_lse=False):
+def attention(
+    q,
+    k,
+    v,
+    *,
+    mask=None,
+    causal=False,
+    scale=None,
+    score_mod=None,
+    dropout=0.0,
+    rng=None,
+    impl="auto",
+    return_weights=False,
+    return_lse=False,
+):
     """Exact softmax attention ``softmax(q kᵀ · scale + bias) v``.
 
     q (*B, H, Nq, Dk), k (*B, Hkv, Nk, Dk), v (*B, Hkv, Nk, Dv) -> out (*B, H, Nq, Dv).
@@ -128,8 +166,7 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None, d
     return tuple(picked) if len(picked) > 1 else res.out  # API.md order: out, weights, lse
 
 
-def attention_backward(dout, q, k, v, out, lse, *, mask=None, causal=False, scale=None, score_mod=None,
-                       impl="auto"):
+def attention_backward(dout, q, k, v, out, lse, *, mask=None, causal=False, scale=None, score_mod=None, impl="auto"):
     """The analytic backward pass of ``attention`` (without dropout): ``(dq, dk, dv)``.
 
     ``dout``, ``out (*B, H, Nq, Dv)`` and ``lse (*B, H, Nq)`` come from the forward pass with
@@ -146,8 +183,10 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, causal=False, scal
     expected = (*c.dims.score_shape[:-1], c.dims.dv)
     for name, x, shape in (("dout", dout, expected), ("out", out, expected), ("lse", lse, expected[:-1])):
         if tuple(x.shape) != shape:
-            raise ShapeError(f"{name} has shape {tuple(x.shape)} but the forward pass gives {shape} "
-                             f"(q: {tuple(c.q.shape)}, k: {tuple(c.k.shape)}, v: {tuple(c.v.shape)})")
+            raise ShapeError(
+                f"{name} has shape {tuple(x.shape)} but the forward pass gives {shape} "
+                f"(q: {tuple(c.q.shape)}, k: {tuple(c.k.shape)}, v: {tuple(c.v.shape)})"
+            )
     chosen = choose(impl, c)
     if c.dims.nq * c.dims.nk == 0:  # nothing attended: every gradient is zero
         xp = namespace(q=c.q)

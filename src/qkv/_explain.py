@@ -57,8 +57,13 @@ class Step:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: ``value`` as nested lists, non-finite numbers as ``"-inf"``, ``"inf"``, ``"nan"``."""
-        return {"name": self.name, "formula": self.formula, "shape": list(self.shape), "note": self.note,
-                "value": _jsonable(self.value.tolist())}
+        return {
+            "name": self.name,
+            "formula": self.formula,
+            "shape": list(self.shape),
+            "note": self.note,
+            "value": _jsonable(self.value.tolist()),
+        }
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,8 +133,11 @@ class Trace(Sequence[Step]):
 
     def to_dict(self) -> dict[str, Any]:
         """``{"inputs": {name: shape}, "options": {...}, "steps": [step.to_dict(), ...]}``, JSON-safe."""
-        return {"inputs": {n: list(s) for n, s in self.inputs.items()}, "options": dict(self.options),
-                "steps": [s.to_dict() for s in self.steps]}
+        return {
+            "inputs": {n: list(s) for n, s in self.inputs.items()},
+            "options": dict(self.options),
+            "steps": [s.to_dict() for s in self.steps],
+        }
 
     def __str__(self) -> str:
         return _text(self)
@@ -142,9 +150,19 @@ class Trace(Sequence[Step]):
         return _html(self)
 
 
-def explain(q: Any = None, k: Any = None, v: Any = None, *, mask: Any = None, causal: bool = False,
-            scale: float | None = None, score_mod: Any = None, dropout: float = 0.0, grad: bool = False,
-            dout: Any = None) -> Trace:
+def explain(
+    q: Any = None,
+    k: Any = None,
+    v: Any = None,
+    *,
+    mask: Any = None,
+    causal: bool = False,
+    scale: float | None = None,
+    score_mod: Any = None,
+    dropout: float = 0.0,
+    grad: bool = False,
+    dout: Any = None,
+) -> Trace:
     """Replay ``qkv.attention(q, k, v, ...)`` on the reference path, recording every step.
 
     q (*B, H, Nq, Dk), k (*B, Hkv, Nk, Dk), v (*B, Hkv, Nk, Dv), as for ``qkv.attention``, whose
@@ -163,12 +181,15 @@ def explain(q: Any = None, k: Any = None, v: Any = None, *, mask: Any = None, ca
         q, k, v = (np.array(EXAMPLE[n]) for n in ("q", "k", "v"))
     elif q is None or k is None or v is None:
         missing = ", ".join(n for n, x in (("q", q), ("k", k), ("v", v)) if x is None)
-        raise ArgumentError(f"explain needs q, k and v together (missing: {missing}), "
-                            "or none of them for the built-in example")
+        raise ArgumentError(
+            f"explain needs q, k and v together (missing: {missing}), or none of them for the built-in example"
+        )
     c = _call(q, k, v, mask, causal, scale, score_mod, dropout)
     if c.dropout > 0:
-        raise ArgumentError(f"explain replays the deterministic computation; dropout={c.dropout} is not "
-                            "supported (explain with dropout=0)")
+        raise ArgumentError(
+            f"explain replays the deterministic computation; dropout={c.dropout} is not "
+            "supported (explain with dropout=0)"
+        )
     n = _numpy_call(c)
     steps, mod_grad = _forward(n, default_scale=scale is None)
     if grad or dout is not None:
@@ -176,10 +197,17 @@ def explain(q: Any = None, k: Any = None, v: Any = None, *, mask: Any = None, ca
     inputs = {"q": c.q.shape, "k": c.k.shape, "v": c.v.shape}
     if c.bias is not None:
         inputs["bias"] = c.bias.shape
-    options = {"example": example, "causal": bool(causal), "scale": n.scale, "default_scale": scale is None,
-               "mask": None if n.mask is None else n.mask.name, "bias": c.bias is not None,
-               "score_mod": None if n.score_mod is None else n.score_mod.name,
-               "grad": bool(grad or dout is not None), "dtype": dtype_name(n.q)}
+    options = {
+        "example": example,
+        "causal": bool(causal),
+        "scale": n.scale,
+        "default_scale": scale is None,
+        "mask": None if n.mask is None else n.mask.name,
+        "bias": c.bias is not None,
+        "score_mod": None if n.score_mod is None else n.score_mod.name,
+        "grad": bool(grad or dout is not None),
+        "dtype": dtype_name(n.q),
+    }
     return Trace(tuple(steps), {name: tuple(int(x) for x in s) for name, s in inputs.items()}, options)
 
 
@@ -205,17 +233,21 @@ def _dout(dout: Any, c: Call, n: Call) -> np.ndarray:
     dout = as_array(dout, "dout")
     namespace(q=c.q, dout=dout)  # mixed NumPy / torch -> DTypeError
     if tuple(dout.shape) != shape:
-        raise ShapeError(f"dout has shape {tuple(dout.shape)} but the forward pass gives {shape} "
-                         f"(q: {tuple(c.q.shape)}, k: {tuple(c.k.shape)}, v: {tuple(c.v.shape)})")
+        raise ShapeError(
+            f"dout has shape {tuple(dout.shape)} but the forward pass gives {shape} "
+            f"(q: {tuple(c.q.shape)}, k: {tuple(c.k.shape)}, v: {tuple(c.v.shape)})"
+        )
     return _numpy(dout).astype(n.q.dtype, copy=False)
 
 
 def _forward(c: Call, default_scale: bool) -> tuple[list[Step], Any]:
     """The forward steps and the score mod's derivative ``ds'/ds`` (None when there is none or it is 1)."""
     xp, d = namespace(q=c.q), c.dims
-    steps = [Step("Q", "Q", c.q, "queries: one row per query position (..., Nq, Dk)"),
-             Step("K", "K", c.k, "keys: one row per key position (..., Nk, Dk)"),
-             Step("V", "V", c.v, "values: one row per key position (..., Nk, Dv)")]
+    steps = [
+        Step("Q", "Q", c.q, "queries: one row per query position (..., Nq, Dk)"),
+        Step("K", "K", c.k, "keys: one row per key position (..., Nk, Dk)"),
+        Step("V", "V", c.v, "values: one row per key position (..., Nk, Dv)"),
+    ]
     s = ungroup(xp, group_q(xp, c.q, d) @ c.k.mT, d)
     steps.append(Step("S", "S = Q Kᵀ", s, "dot product of every query with every key"))
     s = s * c.scale
@@ -225,22 +257,46 @@ def _forward(c: Call, default_scale: bool) -> tuple[list[Step], Any]:
     if c.score_mod is not None:
         i, j = np.arange(d.nq)[:, None], np.arange(d.nk)[None, :]
         s, mod_grad = c.score_mod.with_grad(s, i, j, d.nq, d.nk)
-        steps.append(Step("S_mod", f"score_mod(S) (score_mod = {c.score_mod.name})", s,
-                          "the score mod, applied to the scaled scores"))
+        steps.append(
+            Step(
+                "S_mod",
+                f"score_mod(S) (score_mod = {c.score_mod.name})",
+                s,
+                "the score mod, applied to the scaled scores",
+            )
+        )
     if c.bias is not None:
         s = s + c.bias
         steps.append(Step("S_bias", "S + bias", s, "the float mask, added to the scores"))
     if c.mask is not None:
         s = np.where(c.mask.dense(d.nq, d.nk), s, -np.inf)
-        steps.append(Step("S_masked", "where(mask, S, −∞)", s,
-                          f"mask = {c.mask.name}; True = may attend; a hidden key scores −∞, weight 0"))
-    steps.append(Step("row_max", "m = maxⱼ S", np.max(s, axis=-1, initial=-np.inf),
-                      "subtracted before exp so it cannot overflow; −∞ = nothing to attend (shift by 0)"))
+        steps.append(
+            Step(
+                "S_masked",
+                "where(mask, S, −∞)",
+                s,
+                f"mask = {c.mask.name}; True = may attend; a hidden key scores −∞, weight 0",
+            )
+        )
+    steps.append(
+        Step(
+            "row_max",
+            "m = maxⱼ S",
+            np.max(s, axis=-1, initial=-np.inf),
+            "subtracted before exp so it cannot overflow; −∞ = nothing to attend (shift by 0)",
+        )
+    )
     a, lse = softmax_lse(xp, s)
     steps.append(Step("A", "A = softmax(S)", a, "exp(S − m) / Σⱼ exp(S − m): how much each query reads each key"))
     steps.append(Step("row_sum", "Σⱼ A", np.sum(a, axis=-1), "1 for every row; 0 for a row with nothing to attend"))
-    steps.append(Step("entropy", "H = −Σⱼ A log A", _entropy(a),
-                      f"nats per row: 0 = one key, log Nk = {math.log(max(d.nk, 1)):.4f} = uniform"))
+    steps.append(
+        Step(
+            "entropy",
+            "H = −Σⱼ A log A",
+            _entropy(a),
+            f"nats per row: 0 = one key, log Nk = {math.log(max(d.nk, 1)):.4f} = uniform",
+        )
+    )
     o = ungroup(xp, group_q(xp, a, d) @ c.v, d)
     steps.append(Step("O", "O = A V", o, "each output row is the A-weighted average of the value rows"))
     steps.append(Step("lse", "lse = log Σⱼ exp S", lse, "kept for the backward pass; −∞ for an empty row"))
@@ -256,19 +312,23 @@ def _backward(c: Call, do: np.ndarray, forward: list[Step], mod_grad: Any) -> li
     da = ungroup(xp, dog @ c.v.mT, d)
     big_d = np.sum(do * o, axis=-1)
     ds = a * (da - big_d[..., None])
-    steps = [Step("dO", "dO", do, "the upstream gradient ∂L/∂O (ones unless dout is given)"),
-             Step("dV", "dV = Aᵀ dO", dv, _summed(a.shape[:-2] + (d.nk, d.dv), c.v.shape)),
-             Step("dA", "dA = dO Vᵀ", da, "∂L/∂A"),
-             Step("D", "D = rowsum(dO ∘ O)", big_d, "equals Σⱼ A ∘ dA: what the softmax subtracts"),
-             Step("dS", "dS = A ∘ (dA − D)", ds, "∂L/∂S through the softmax; 0 where A is 0")]
+    steps = [
+        Step("dO", "dO", do, "the upstream gradient ∂L/∂O (ones unless dout is given)"),
+        Step("dV", "dV = Aᵀ dO", dv, _summed(a.shape[:-2] + (d.nk, d.dv), c.v.shape)),
+        Step("dA", "dA = dO Vᵀ", da, "∂L/∂A"),
+        Step("D", "D = rowsum(dO ∘ O)", big_d, "equals Σⱼ A ∘ dA: what the softmax subtracts"),
+        Step("dS", "dS = A ∘ (dA − D)", ds, "∂L/∂S through the softmax; 0 where A is 0"),
+    ]
     if mod_grad is not None:
         ds = ds * mod_grad
         steps.append(Step("dS_mod", "dS ∘ ∂score_mod/∂S", ds, "chain rule through the score mod"))
     dsg = group_q(xp, ds, d)
     dq = unbroadcast(xp, ungroup(xp, dsg @ c.k, d) * c.scale, tuple(c.q.shape))
     dk = _reduce(xp, (dsg.mT @ group_q(xp, c.q, d)) * c.scale, c.k, d)
-    steps += [Step("dQ", "dQ = dS K · scale", dq, _summed(a.shape[:-1] + (d.dk,), c.q.shape)),
-              Step("dK", "dK = dSᵀ Q · scale", dk, _summed(a.shape[:-2] + (d.nk, d.dk), c.k.shape))]
+    steps += [
+        Step("dQ", "dQ = dS K · scale", dq, _summed(a.shape[:-1] + (d.dk,), c.q.shape)),
+        Step("dK", "dK = dSᵀ Q · scale", dk, _summed(a.shape[:-2] + (d.nk, d.dk), c.k.shape)),
+    ]
     return steps
 
 
@@ -320,8 +380,10 @@ def _matrices(value: np.ndarray) -> Iterator[tuple[str, list[list[str]]]]:
         if n == MATRICES:
             yield f"… {len(lead) - MATRICES} more {m.shape[-2]}×{m.shape[-1]} matrices", []
             return
-        rows = [[("…" if j is None or i is None else _fmt(m[(*idx, i, j)])) for j in _cut(m.shape[-1])]
-                for i in _cut(m.shape[-2])]
+        rows = [
+            [("…" if j is None or i is None else _fmt(m[(*idx, i, j)])) for j in _cut(m.shape[-1])]
+            for i in _cut(m.shape[-2])
+        ]
         yield (f"[{', '.join(map(str, idx))}]" if idx else ""), rows
 
 
@@ -343,21 +405,27 @@ def _text(t: Trace) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-_CSS = (".qkv-trace{font-family:system-ui,sans-serif}.qkv-trace table{border-collapse:collapse;"
-        "font-family:ui-monospace,monospace;margin:.25em 0 1em}.qkv-trace td{padding:0 .6em;text-align:right}"
-        ".qkv-trace th{text-align:left;font-weight:normal;color:#666}.qkv-trace h3{margin:.5em 0 0}")
+_CSS = (
+    ".qkv-trace{font-family:system-ui,sans-serif}.qkv-trace table{border-collapse:collapse;"
+    "font-family:ui-monospace,monospace;margin:.25em 0 1em}.qkv-trace td{padding:0 .6em;text-align:right}"
+    ".qkv-trace th{text-align:left;font-weight:normal;color:#666}.qkv-trace h3{margin:.5em 0 0}"
+)
 
 
 def _html(t: Trace) -> str:
     e = html.escape
     shapes = ", ".join(f"{n} {tuple(s)}" for n, s in t.inputs.items())
     dtype = e(str(t.options["dtype"]))
-    parts = [f'<div class="qkv-trace"><style>{_CSS}</style>',
-             f"<p>qkv.explain: {e(shapes)}; scale = {t.options['scale']:.4f}; dtype {dtype}</p>"]
+    parts = [
+        f'<div class="qkv-trace"><style>{_CSS}</style>',
+        f"<p>qkv.explain: {e(shapes)}; scale = {t.options['scale']:.4f}; dtype {dtype}</p>",
+    ]
     for s in t:
-        parts.append(f'<section class="qkv-step" data-step="{e(s.name)}">'
-                     f"<h3><code>{e(s.name)}</code> — {e(s.formula)}</h3>"
-                     f"<p>shape {e(str(s.shape))}{' — ' + e(s.note) if s.note else ''}</p><table>")
+        parts.append(
+            f'<section class="qkv-step" data-step="{e(s.name)}">'
+            f"<h3><code>{e(s.name)}</code> — {e(s.formula)}</h3>"
+            f"<p>shape {e(str(s.shape))}{' — ' + e(s.note) if s.note else ''}</p><table>"
+        )
         for label, rows in _matrices(s.value):
             if label:
                 parts.append(f'<tr><th colspan="{max(len(rows[0]) if rows else 1, 1)}">{e(label)}</th></tr>')

@@ -50,8 +50,10 @@ def read_qkv(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray, np.n
     if key is not None or file.suffix.lower() not in _KEYED:
         raise ArgumentError(f"{path}: q, k and v are read from one .npz or .json file with keys q, k, v")
     ext = _extension(file)
-    return tuple(_from_npz(file, n) if ext == ".npz" else _numbers(_pick(file, _read_json(file), n), file)
-                 for n in ("q", "k", "v"))  # type: ignore[return-value]
+    return tuple(
+        _from_npz(file, n) if ext == ".npz" else _numbers(_pick(file, _read_json(file), n), file)
+        for n in ("q", "k", "v")
+    )  # type: ignore[return-value]
 
 
 def _split_key(path: str | os.PathLike[str]) -> tuple[Path, str | None]:
@@ -103,8 +105,7 @@ def _choose(file: Path, keys: list[str], key: str | None) -> str:
             raise ArgumentError(f"{file}: no array {key!r} (it has: {', '.join(keys) or 'nothing'})")
         return key
     if len(keys) != 1:
-        raise ArgumentError(f"{file}: holds {len(keys)} arrays ({', '.join(keys)}); "
-                            f"name one as {file}:KEY")
+        raise ArgumentError(f"{file}: holds {len(keys)} arrays ({', '.join(keys)}); name one as {file}:KEY")
     return keys[0]
 
 
@@ -138,8 +139,7 @@ def _shape(x: Any, file: Path, at: str) -> tuple[int, ...]:
         shapes = [_shape(e, file, f"{at}[{n}]") for n, e in enumerate(x)]
         for n, s in enumerate(shapes):
             if s != shapes[0]:
-                raise ArgumentError(
-                    f"{file}: ragged: {at}[{n}] has shape {s} but {at}[0] has shape {shapes[0]}")
+                raise ArgumentError(f"{file}: ragged: {at}[{n}] has shape {s} but {at}[0] has shape {shapes[0]}")
         return (len(x), *(shapes[0] if shapes else ()))
     number = isinstance(x, (int, float)) and not isinstance(x, bool)
     if not (number or isinstance(x, str) and x.lower() in _NONFINITE):
@@ -156,8 +156,9 @@ def _finite(x: Any) -> Any:
 def _read_csv(file: Path) -> np.ndarray:
     """Comma-separated numbers, one matrix row per line; a first row that is not numeric is a header."""
     text = _load(file, lambda: file.read_text(encoding="utf-8"), "a UTF-8 text file")
-    rows = [(n, [c.strip() for c in r]) for n, r in enumerate(csv.reader(io.StringIO(text)), 1) if any(
-        c.strip() for c in r)]
+    rows = [
+        (n, [c.strip() for c in r]) for n, r in enumerate(csv.reader(io.StringIO(text)), 1) if any(c.strip() for c in r)
+    ]
     if rows and not all(_is_number(c) for c in rows[0][1]):
         rows = rows[1:]  # a header row
     if not rows:
@@ -165,8 +166,9 @@ def _read_csv(file: Path) -> np.ndarray:
     width = len(rows[0][1])
     for line, cells in rows:
         if len(cells) != width:
-            raise ArgumentError(f"{file}: ragged: line {line} has {len(cells)} values but line {rows[0][0]} "
-                                f"has {width}")
+            raise ArgumentError(
+                f"{file}: ragged: line {line} has {len(cells)} values but line {rows[0][0]} has {width}"
+            )
         for col, c in enumerate(cells, 1):
             if not _is_number(c):
                 raise ArgumentError(f"{file}: not numeric: line {line}, column {col} is {c!r}")

@@ -21,7 +21,15 @@ from .errors import ArgumentError, MaskError
 from .masks import Mask
 
 MASK_KINDS: tuple[str, ...] = (
-    "none", "causal", "sliding_window", "document", "padding", "prefix_lm", "longformer", "bigbird", "dilated",
+    "none",
+    "causal",
+    "sliding_window",
+    "document",
+    "padding",
+    "prefix_lm",
+    "longformer",
+    "bigbird",
+    "dilated",
 )
 
 
@@ -58,7 +66,8 @@ MASK_PARAMS: dict[str, dict[str, Param]] = {
     "prefix_lm": {"prefix": Param("int", "Nk // 2", "keys every query sees (bidirectional prefix; 0..Nk)")},
     "longformer": {"window": _WINDOW, "global_tokens": _GLOBAL, "causal": _CAUSAL_OFF},
     "bigbird": {
-        "window": _WINDOW, "global_tokens": _GLOBAL,
+        "window": _WINDOW,
+        "global_tokens": _GLOBAL,
         "block": Param("int", 2, "random attention block size (>= 1)"),
         "per_row": Param("int", 1, "random key blocks per query block (>= 0)"),
         "seed": Param("int", 0, "seed of the random blocks"),
@@ -144,8 +153,10 @@ def _doc_ids(kind: str, p: dict[str, Any], n_k: int) -> np.ndarray:
     if p.get("doc_lengths") is not None:
         lengths = p["doc_lengths"]
         if not lengths or any(x < 1 for x in lengths) or sum(lengths) != n_k:
-            raise ArgumentError(f"{_where(kind, 'doc_lengths')} must be positive integers summing to Nk={n_k}, "
-                                f"got {'+'.join(map(str, lengths)) or 'nothing'}")
+            raise ArgumentError(
+                f"{_where(kind, 'doc_lengths')} must be positive integers summing to Nk={n_k}, "
+                f"got {'+'.join(map(str, lengths)) or 'nothing'}"
+            )
     else:
         n = _check_range(kind, "n_docs", p["n_docs"], 1, n_k)
         lengths = [n_k // n + (1 if r < n_k % n else 0) for r in range(n)]
@@ -208,8 +219,9 @@ def _build(kind: str, n_q: int, n_k: int, p: dict[str, Any]) -> Mask | None:
     if kind in ("longformer", "bigbird"):
         m = masks.sliding_window(_check_range(kind, "window", p["window"], 1), causal=False) | _global(kind, p, n_k)
         if kind == "bigbird":
-            m = m | masks.random_blocks(_check_range(kind, "block", p["block"], 1),
-                                        _check_range(kind, "per_row", p["per_row"], 0), p["seed"])
+            m = m | masks.random_blocks(
+                _check_range(kind, "block", p["block"], 1), _check_range(kind, "per_row", p["per_row"], 0), p["seed"]
+            )
         return m & masks.causal() if p["causal"] else m
     # dilated
     m = masks.dilated(_check_range(kind, "window", p["window"], 1), _check_range(kind, "dilation", p["dilation"], 1))
@@ -224,8 +236,9 @@ def parse_mask_spec(spec: str) -> tuple[str, dict[str, Any]]:
     ``ArgumentError`` for an unknown kind or parameter, a malformed pair or a bad value.
     """
     if not isinstance(spec, str) or not spec.strip():
-        raise ArgumentError(f"empty mask spec; write kind or kind:key=value,... with kind one of: "
-                            f"{', '.join(MASK_KINDS)}")
+        raise ArgumentError(
+            f"empty mask spec; write kind or kind:key=value,... with kind one of: {', '.join(MASK_KINDS)}"
+        )
     head, _, rest = spec.strip().partition(":")
     kind = _kind(head.strip())
     params: dict[str, Any] = {}

@@ -39,11 +39,15 @@ def _check(outs: Sequence[Any], lses: Sequence[Any]) -> tuple[list[Array], list[
             if not is_floating(x):
                 raise DTypeError(f"{name} has dtype {dtype_name(x)}; partial results must be floating-point")
         if tuple(o.shape) != first:
-            raise ShapeError(f"outs[{p}] has shape {tuple(o.shape)} but outs[0] has {first}; every part covers "
-                             "the same queries (..., Nq, Dv)")
+            raise ShapeError(
+                f"outs[{p}] has shape {tuple(o.shape)} but outs[0] has {first}; every part covers "
+                "the same queries (..., Nq, Dv)"
+            )
         if tuple(s.shape) != first[:-1]:
-            raise ShapeError(f"lses[{p}] has shape {tuple(s.shape)} but outs[{p}] has {first}; lse is (..., Nq), "
-                             "the output's shape without Dv")
+            raise ShapeError(
+                f"lses[{p}] has shape {tuple(s.shape)} but outs[{p}] has {first}; lse is (..., Nq), "
+                "the output's shape without Dv"
+            )
     return outs, lses
 
 

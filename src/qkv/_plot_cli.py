@@ -45,8 +45,15 @@ def _written(fig: Any, path: Path, fmt: str) -> dict[str, Any]:
 
     w, h = fig.get_size_inches()
     w_px, h_px = pixel_size(float(w), float(h), float(fig.dpi))
-    return {"path": str(path), "format": fmt, "width_px": w_px, "height_px": h_px, "dpi": float(fig.dpi),
-            "width_in": round(float(w), 3), "height_in": round(float(h), 3)}
+    return {
+        "path": str(path),
+        "format": fmt,
+        "width_px": w_px,
+        "height_px": h_px,
+        "dpi": float(fig.dpi),
+        "width_in": round(float(w), 3),
+        "height_in": round(float(h), 3),
+    }
 
 
 def _random_qkv(n: int | None, d: int | None, heads: int | None, seed: int) -> tuple[Any, Any, Any]:
@@ -70,7 +77,7 @@ def _tokens(text: str | None, nq: int, nk: int) -> tuple[list[str] | None, list[
         raise ArgumentError(f"--tokens has {len(tokens)} labels but the keys have Nk={nk}")
     if nq > nk:
         raise ArgumentError(f"--tokens labels the keys; the Nq={nq} queries cannot be the last of Nk={nk} keys")
-    return tokens[nk - nq:], tokens
+    return tokens[nk - nq :], tokens
 
 
 def _mask(spec: str | None, causal: bool, nq: int, nk: int) -> Any:
@@ -95,8 +102,10 @@ def _output(out: Path | None, fmt: str | None, stem: str) -> tuple[Path, str]:
 
 
 def _stats_table(title: str, labels: list[str], stats: dict[str, np.ndarray]) -> tuple[str, list[str], list[list[Any]]]:
-    rows = [[lab, float(s), float(e), float(n)] for lab, s, e, n in
-            zip(labels, stats["sum"], stats["entropy"], stats["entropy_normalised"], strict=True)]
+    rows = [
+        [lab, float(s), float(e), float(n)]
+        for lab, s, e, n in zip(labels, stats["sum"], stats["entropy"], stats["entropy_normalised"], strict=True)
+    ]
     return f"{title}: per query row", ["query", "row sum", "entropy (nats)", "entropy / log n"], rows
 
 
@@ -104,21 +113,31 @@ def heatmap_command(
     q: Annotated[str | None, typer.Option("--q", metavar="FILE", help=f"queries (..., Nq, Dk): {FILE}")] = None,
     k: Annotated[str | None, typer.Option("--k", metavar="FILE", help=f"keys (..., Nk, Dk): {FILE}")] = None,
     v: Annotated[str | None, typer.Option("--v", metavar="FILE", help=f"values (..., Nk, Dv): {FILE}")] = None,
-    inputs: Annotated[str | None, typer.Option(
-        "--inputs", metavar="FILE", help="q, k and v from one .npz or .json file with keys q, k, v")] = None,
+    inputs: Annotated[
+        str | None,
+        typer.Option("--inputs", metavar="FILE", help="q, k and v from one .npz or .json file with keys q, k, v"),
+    ] = None,
     n: Annotated[int | None, typer.Option("--n", min=1, help="random q, k, v with N tokens (default 8)")] = None,
     d: Annotated[int | None, typer.Option("--d", min=1, help="random q, k, v: head dimension (default 8)")] = None,
     heads: Annotated[int | None, typer.Option("--heads", min=1, help="random q, k, v: heads (default 1)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="seed of the random q, k, v")] = 0,
-    mask: Annotated[str | None, typer.Option(
-        "--mask", metavar="SPEC", help="kind[:key=value,...], e.g. sliding_window:window=4,causal=false; kinds: "
-        "none, causal, sliding_window, document, padding, prefix_lm, longformer, bigbird, dilated")] = None,
+    mask: Annotated[
+        str | None,
+        typer.Option(
+            "--mask",
+            metavar="SPEC",
+            help="kind[:key=value,...], e.g. sliding_window:window=4,causal=false; kinds: "
+            "none, causal, sliding_window, document, padding, prefix_lm, longformer, bigbird, dilated",
+        ),
+    ] = None,
     causal: Annotated[bool, typer.Option("--causal", help="mask future keys (bottom-right aligned)")] = False,
     scale: Annotated[float | None, typer.Option("--scale", help="score scale; default 1/sqrt(Dk)")] = None,
-    temperature: Annotated[float | None, typer.Option(
-        "--temperature", help="divide the scaled scores by T (> 1 flattens, < 1 sharpens)")] = None,
-    mask_only: Annotated[bool, typer.Option("--mask-only", help="draw the mask alone (sizes from the inputs or "
-                                                                "--n, default 16)")] = False,
+    temperature: Annotated[
+        float | None, typer.Option("--temperature", help="divide the scaled scores by T (> 1 flattens, < 1 sharpens)")
+    ] = None,
+    mask_only: Annotated[
+        bool, typer.Option("--mask-only", help="draw the mask alone (sizes from the inputs or --n, default 16)")
+    ] = False,
     overlay: Annotated[bool, typer.Option("--overlay", help="grey and hatch the cells the mask hides")] = False,
     tokens: Annotated[str | None, typer.Option("--tokens", metavar="A,B,C", help="labels of the Nk keys")] = None,
     out: Annotated[Path | None, typer.Option("--out", metavar="FILE", help="output (default heatmap.png)")] = None,
@@ -150,14 +169,23 @@ def heatmap_command(
             plot._common.check_panel(nq, nk, "mask")
             m = _mask(mask, causal, nq, nk)
             tq, tk = _tokens(tokens, nq, nk)
-            fig = plot.mask_picture(m, nq, nk, tokens_q=tq, tokens_k=tk, title=mask or "causal", width=width,
-                                    height=height, dpi=dpi)
+            fig = plot.mask_picture(
+                m, nq, nk, tokens_q=tq, tokens_k=tk, title=mask or "causal", width=width, height=height, dpi=dpi
+            )
             allowed = m.dense(nq, nk)
             rows = [[i, int(c)] for i, c in enumerate(allowed.sum(-1))]
-            plot.save(fig, path, form, title=f"qkv mask: {mask or 'causal'}",
-                      tables=[("keys each query may attend", ["query", "keys"], rows)])
-            meta = _written(fig, path, form) | {"mask": m.name, "shape": [nq, nk],
-                                                "allowed_per_row": allowed.sum(-1).astype(int).tolist()}
+            plot.save(
+                fig,
+                path,
+                form,
+                title=f"qkv mask: {mask or 'causal'}",
+                tables=[("keys each query may attend", ["query", "keys"], rows)],
+            )
+            meta = _written(fig, path, form) | {
+                "mask": m.name,
+                "shape": [nq, nk],
+                "allowed_per_row": allowed.sum(-1).astype(int).tolist(),
+            }
         else:
             example = arrays[0] is None and not random
             if example:
@@ -178,30 +206,58 @@ def heatmap_command(
             allowed = None if m is None else np.broadcast_to(m.dense(nq, nk), w.shape)
             stats = plot.row_stats(w, allowed)
             tq, tk = _tokens(tokens, nq, nk)
-            what = ", ".join(x for x in (
-                "worked example" if example else None, f"mask {m.name}" if m is not None else None,
-                f"scale {scale:g}" if scale is not None else None,
-                f"temperature {temperature:g}" if temperature is not None else None) if x)
-            fig = plot.heatmap(w, tokens_q=tq, tokens_k=tk, mask=allowed if overlay else None, overlay=overlay,
-                               suptitle=f"attention weights softmax(QKᵀ·scale){' — ' + what if what else ''}",
-                               width=width, height=height, dpi=dpi)
+            what = ", ".join(
+                x
+                for x in (
+                    "worked example" if example else None,
+                    f"mask {m.name}" if m is not None else None,
+                    f"scale {scale:g}" if scale is not None else None,
+                    f"temperature {temperature:g}" if temperature is not None else None,
+                )
+                if x
+            )
+            fig = plot.heatmap(
+                w,
+                tokens_q=tq,
+                tokens_k=tk,
+                mask=allowed if overlay else None,
+                overlay=overlay,
+                suptitle=f"attention weights softmax(QKᵀ·scale){' — ' + what if what else ''}",
+                width=width,
+                height=height,
+                dpi=dpi,
+            )
             panels = w.reshape(-1, nq, nk)
             labels = tq or [f"q{i}" for i in range(nq)]
             flat = {key: val.reshape(-1, nq) for key, val in stats.items()}
             titles = [f"panel {p}" for p in range(len(panels))]
-            tables = [_stats_table(titles[p], labels, {key: val[p] for key, val in flat.items()})
-                      for p in range(len(panels))]
+            tables = [
+                _stats_table(titles[p], labels, {key: val[p] for key, val in flat.items()}) for p in range(len(panels))
+            ]
             if nq * nk <= 256:
-                tables += [(f"{titles[p]}: weights", ["query", *(tk or [f"k{j}" for j in range(nk)])],
-                            [[labels[i], *map(float, panels[p][i])] for i in range(nq)]) for p in range(len(panels))]
+                tables += [
+                    (
+                        f"{titles[p]}: weights",
+                        ["query", *(tk or [f"k{j}" for j in range(nk)])],
+                        [[labels[i], *map(float, panels[p][i])] for i in range(nq)],
+                    )
+                    for p in range(len(panels))
+                ]
             plot.save(fig, path, form, title="qkv heatmap", tables=tables)
             meta = _written(fig, path, form) | {
                 "shapes": {"q": list(qa.shape), "k": list(ka.shape), "v": list(va.shape), "weights": list(w.shape)},
-                "mask": None if m is None else m.name, "scale": scale, "temperature": temperature,
-                "panels": [{"index": list(np.unravel_index(p, w.shape[:-2])) if w.ndim > 2 else [],
-                            "row_sums": flat["sum"][p].tolist(), "entropy": flat["entropy"][p].tolist(),
-                            "entropy_normalised": flat["entropy_normalised"][p].tolist()}
-                           for p in range(len(panels))],
+                "mask": None if m is None else m.name,
+                "scale": scale,
+                "temperature": temperature,
+                "panels": [
+                    {
+                        "index": list(np.unravel_index(p, w.shape[:-2])) if w.ndim > 2 else [],
+                        "row_sums": flat["sum"][p].tolist(),
+                        "entropy": flat["entropy"][p].tolist(),
+                        "entropy_normalised": flat["entropy_normalised"][p].tolist(),
+                    }
+                    for p in range(len(panels))
+                ],
             }
         if json_out:
             typer.echo(json.dumps(meta, default=int))
@@ -215,10 +271,10 @@ def pe_command(
     d: Annotated[int, typer.Option("--d", min=1, help="model / head dimension (sinusoidal, rope)")] = 64,
     base: Annotated[float, typer.Option("--base", help="frequency base (sinusoidal, rope)")] = 10000.0,
     heads: Annotated[int, typer.Option("--heads", min=1, help="heads (alibi)")] = 8,
-    out: Annotated[Path | None, typer.Option("--out", metavar="FILE", help="output of one kind "
-                                                                          "(default pe_KIND.png)")] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out-dir", metavar="DIR", help="write pe_KIND.FORMAT here")]
-    = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", metavar="FILE", help="output of one kind (default pe_KIND.png)")
+    ] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out-dir", metavar="DIR", help="write pe_KIND.FORMAT here")] = None,
     fmt: Format = None,
     size: Size = None,
     dpi: Dpi = 100.0,
@@ -237,15 +293,19 @@ def pe_command(
         if kind != "all" and kind not in plot_pe.PE_KINDS:
             raise ArgumentError(f"--kind must be one of {', '.join(plot_pe.PE_KINDS)}, all; got {kind!r}")
         if out is not None and (out_dir is not None or len(kinds) > 1):
-            _fail("--out names one picture: use --out-dir DIR with --kind all" if out_dir is None
-                  else "give --out FILE or --out-dir DIR, not both")
+            _fail(
+                "--out names one picture: use --out-dir DIR with --kind all"
+                if out_dir is None
+                else "give --out FILE or --out-dir DIR, not both"
+            )
         width, height = _size(size)
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
         meta: dict[str, Any] = {"n": n, "d": d, "base": base, "heads": heads, "files": []}
         for name in kinds:
-            path, form = _output(out if out is not None else (out_dir or Path()) / f"pe_{name}.{(fmt or 'png')}",
-                                 fmt, f"pe_{name}")
+            path, form = _output(
+                out if out is not None else (out_dir or Path()) / f"pe_{name}.{(fmt or 'png')}", fmt, f"pe_{name}"
+            )
             fig = plot_pe.positional(name, n, d, base, heads, width=width, height=height, dpi=dpi)
             tables, numbers = _pe_numbers(name, n, d, base, heads)
             save(fig, path, form, title=f"qkv positional encoding: {name}", tables=tables)
@@ -266,13 +326,31 @@ def _pe_numbers(name: str, n: int, d: int, base: float, heads: int) -> tuple[lis
     if name == "sinusoidal":
         pe = sinusoidal(min(n, 8), d)
         cols = min(d, 8)
-        return ([("PE[pos, dim], first positions and dimensions", ["pos", *map(str, range(cols))],
-                  [[i, *map(float, row[:cols])] for i, row in enumerate(pe)])], {})
+        return (
+            [
+                (
+                    "PE[pos, dim], first positions and dimensions",
+                    ["pos", *map(str, range(cols))],
+                    [[i, *map(float, row[:cols])] for i, row in enumerate(pe)],
+                )
+            ],
+            {},
+        )
     if name == "rope":
         r = plot_pe.rope_numbers(n, d, base)
         rows = [[int(o), *map(float, r["scores"][:, i])] for i, o in enumerate(r["offsets"])]
-        return ([("q·k after RoPE by offset, for keys at several absolute positions",
-                  ["offset", *(f"key at {p}" for p in r["positions"])], rows)], {"rope_spread": r["spread"]})
+        return (
+            [
+                (
+                    "q·k after RoPE by offset, for keys at several absolute positions",
+                    ["offset", *(f"key at {p}" for p in r["positions"])],
+                    rows,
+                )
+            ],
+            {"rope_spread": r["spread"]},
+        )
     a = plot_pe.alibi_numbers(n, heads)
-    return ([("ALiBi slope per head", ["head", "slope"], [[h, float(s)] for h, s in enumerate(a["slopes"])])],
-            {"alibi_slopes": a["slopes"].tolist()})
+    return (
+        [("ALiBi slope per head", ["head", "slope"], [[h, float(s)] for h, s in enumerate(a["slopes"])])],
+        {"alibi_slopes": a["slopes"].tolist()},
+    )

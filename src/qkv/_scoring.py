@@ -118,8 +118,9 @@ def general_backward(dscores: Array, q: Array, k: Array, w: Array) -> tuple[Arra
 def _check_dscores(ds: Array, q: Array, k: Array) -> None:
     expected = (*_check_qk(q, k), q.shape[-2], k.shape[-2])
     if tuple(ds.shape) != expected:
-        raise ShapeError(f"dscores has shape {tuple(ds.shape)} but the scores have shape {expected} "
-                         f"({_shapes(q=q, k=k)})")
+        raise ShapeError(
+            f"dscores has shape {tuple(ds.shape)} but the scores have shape {expected} ({_shapes(q=q, k=k)})"
+        )
 
 
 def _chunks(q: Array, k: Array, v: Array) -> range:
@@ -174,8 +175,9 @@ def additive(q: Array, k: Array, w_q: Array, w_k: Array, v: Array) -> Array:
     return s if s.dtype == dtype else xp.astype(s, dtype)
 
 
-def additive_backward(dscores: Array, q: Array, k: Array, w_q: Array, w_k: Array,
-                      v: Array) -> tuple[Array, Array, Array, Array, Array]:
+def additive_backward(
+    dscores: Array, q: Array, k: Array, w_q: Array, w_k: Array, v: Array
+) -> tuple[Array, Array, Array, Array, Array]:
     """Gradients ``(dq, dk, dw_q, dw_k, dv)`` of ``additive`` for ``dscores (..., Nq, Nk)``.
 
     With ``t_ij = tanh(W_q q_i + W_k k_j)`` and ``g_ij = dS_ij · v ∘ (1 - t_ij²)``:

@@ -21,8 +21,10 @@ def _save(path: Path, history: Any) -> None:
     import numpy as np
 
     arrays: dict[str, Any] = {
-        "loss": np.asarray(history.loss), "accuracy": np.asarray(history.accuracy),
-        "probe": np.asarray(history.probe), "steps": np.asarray([s.step for s in history.attention], dtype=np.int64),
+        "loss": np.asarray(history.loss),
+        "accuracy": np.asarray(history.accuracy),
+        "probe": np.asarray(history.probe),
+        "steps": np.asarray([s.step for s in history.attention], dtype=np.int64),
     }
     for layer in range(len(history.attention[0].weights) if history.attention else 0):
         arrays[f"attention_layer{layer}"] = np.stack([s.weights[layer] for s in history.attention])  # (S, H, T, T)
@@ -32,19 +34,31 @@ def _save(path: Path, history: Any) -> None:
 
 def train_command(
     task: Annotated[str, typer.Option("--task", help=f"the toy task: {TASK_NAMES}")] = "reverse",
-    steps: Annotated[int | None, typer.Option("--steps", min=1, help="optimiser steps (default: the task's budget)")]
-    = None,
-    length: Annotated[int | None, typer.Option(
-        "--length", min=1, help="prompt symbols (recall: key-value pairs); default: the task's")] = None,
+    steps: Annotated[
+        int | None, typer.Option("--steps", min=1, help="optimiser steps (default: the task's budget)")
+    ] = None,
+    length: Annotated[
+        int | None,
+        typer.Option("--length", min=1, help="prompt symbols (recall: key-value pairs); default: the task's"),
+    ] = None,
     pos: Annotated[str, typer.Option("--pos", help="positions: learned, sinusoidal, rope, alibi")] = "learned",
     seed: Annotated[int, typer.Option("--seed", help="seed for the data and the initialisation")] = 0,
-    record_every: Annotated[int | None, typer.Option(
-        "--record-every", min=1, metavar="K", help="record the probe's attention maps every K steps")] = None,
-    save: Annotated[Path | None, typer.Option(
-        "--save", metavar="FILE", help="write curves and attention maps to FILE (.npz)")] = None,
-    record: Annotated[Path | None, typer.Option(
-        "--record", metavar="DIR", help="write attention.gif, attention_grid.png, curves.png and history.npz to DIR "
-        "(recording every K = steps // 20 steps unless --record-every)")] = None,
+    record_every: Annotated[
+        int | None,
+        typer.Option("--record-every", min=1, metavar="K", help="record the probe's attention maps every K steps"),
+    ] = None,
+    save: Annotated[
+        Path | None, typer.Option("--save", metavar="FILE", help="write curves and attention maps to FILE (.npz)")
+    ] = None,
+    record: Annotated[
+        Path | None,
+        typer.Option(
+            "--record",
+            metavar="DIR",
+            help="write attention.gif, attention_grid.png, curves.png and history.npz to DIR "
+            "(recording every K = steps // 20 steps unless --record-every)",
+        ),
+    ] = None,
     layer: Annotated[int, typer.Option("--layer", help="the layer drawn by --record (default: the last)")] = -1,
     json_out: Annotated[bool, typer.Option("--json", help="print the history as JSON (no progress bar)")] = False,
 ) -> None:
@@ -56,8 +70,9 @@ def train_command(
             _check_layer(layer, train)  # before training, not after it
         if record is not None and record_every is None:
             record_every = max(1, _budget(task, steps) // 20)
-        history = train(task, steps, length=length, pos=pos, seed=seed, record_every=record_every,
-                        progress=not json_out)
+        history = train(
+            task, steps, length=length, pos=pos, seed=seed, record_every=record_every, progress=not json_out
+        )
         if save is not None:
             _save(save, history)
         files = _record(record, history, layer) if record is not None else []
@@ -65,8 +80,9 @@ def train_command(
         typer.echo(f"error: {type(e).__name__}: {' '.join(str(e).split())}", err=True)
         raise typer.Exit(1) from None
     except OSError as e:
-        typer.echo(f"error: {getattr(e, 'filename', None) or ''}: {e.strerror or e}".replace("error: : ", "error: "),
-                   err=True)
+        typer.echo(
+            f"error: {getattr(e, 'filename', None) or ''}: {e.strerror or e}".replace("error: : ", "error: "), err=True
+        )
         raise typer.Exit(1) from None
     if json_out:
         typer.echo(json.dumps(history.to_dict() | ({"files": files} if record is not None else {})))
@@ -88,8 +104,9 @@ def _check_layer(layer: int, train: Any) -> None:
 
     n_layers = inspect.signature(train).parameters["n_layers"].default  # the command trains the default size
     if not -n_layers <= layer < n_layers:
-        raise ArgumentError(f"--layer must be in {-n_layers}..{n_layers - 1} (the model has {n_layers} layers), "
-                            f"got {layer}")
+        raise ArgumentError(
+            f"--layer must be in {-n_layers}..{n_layers - 1} (the model has {n_layers} layers), got {layer}"
+        )
 
 
 def _budget(task: str, steps: int | None) -> int:

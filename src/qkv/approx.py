@@ -85,8 +85,9 @@ def _flag(value: Any, name: str) -> bool:
     return value
 
 
-def linear_attention(q: Array, k: Array, v: Array, feature_map: str | Callable[[Array], Array] = "elu",
-                     causal: bool = False) -> Array:
+def linear_attention(
+    q: Array, k: Array, v: Array, feature_map: str | Callable[[Array], Array] = "elu", causal: bool = False
+) -> Array:
     """Linear attention ``φ(q)(φ(k)ᵀ V) / φ(q)(φ(k)ᵀ 1)`` (Katharopoulos et al., arXiv:2006.16236).
 
     ``feature_map``: ``"elu"`` (``elu(x) + 1``, positive), ``"relu"``, or a callable mapping
@@ -106,8 +107,10 @@ def linear_attention(q: Array, k: Array, v: Array, feature_map: str | Callable[[
         return empty
     fq, fk = features.feature_map(xp, feature_map, qc, "q"), features.feature_map(xp, feature_map, kc, "k")
     if fq.shape[-1] != fk.shape[-1]:
-        raise ShapeError(f"feature_map gave F={fq.shape[-1]} features for q but F={fk.shape[-1]} for k "
-                         f"(q features: {tuple(fq.shape)}, k features: {tuple(fk.shape)})")
+        raise ShapeError(
+            f"feature_map gave F={fq.shape[-1]} features for q but F={fk.shape[-1]} for k "
+            f"(q features: {tuple(fq.shape)}, k features: {tuple(fk.shape)})"
+        )
     return _kernelised(xp, dims, fq, fk, vc, causal, q)
 
 
@@ -141,13 +144,17 @@ def performer(q: Array, k: Array, v: Array, n_features: int = 256, seed: int = 0
 def _check_projection(p: Any, name: str, k: Array, nk: int) -> Array:
     p = as_array(p, name)
     if p.ndim < 2 or p.shape[-1] != nk:
-        raise ShapeError(f"{name} must have shape (r, Nk) = (r, {nk}) (or leading axes that broadcast), "
-                         f"got {tuple(p.shape)} (k: {tuple(k.shape)})")
+        raise ShapeError(
+            f"{name} must have shape (r, Nk) = (r, {nk}) (or leading axes that broadcast), "
+            f"got {tuple(p.shape)} (k: {tuple(k.shape)})"
+        )
     try:
         np.broadcast_shapes(tuple(p.shape[:-2]), tuple(k.shape[:-2]))
     except ValueError:
-        raise ShapeError(f"{name} has leading axes {tuple(p.shape[:-2])}, which do not broadcast with k's "
-                         f"{tuple(k.shape[:-2])} ({name}: {tuple(p.shape)}, k: {tuple(k.shape)})") from None
+        raise ShapeError(
+            f"{name} has leading axes {tuple(p.shape[:-2])}, which do not broadcast with k's "
+            f"{tuple(k.shape[:-2])} ({name}: {tuple(p.shape)}, k: {tuple(k.shape)})"
+        ) from None
     if not is_floating(p) or dtype_name(p) != dtype_name(k):
         raise DTypeError(f"{name} has dtype {dtype_name(p)} but k has {dtype_name(k)}; cast {name} to k's dtype")
     return p
@@ -169,7 +176,9 @@ def linformer(q: Array, k: Array, v: Array, proj_k: Array, proj_v: Array) -> Arr
     dims = check_qkv(q, k, v)
     pk, pv = _check_projection(proj_k, "proj_k", k, dims.nk), _check_projection(proj_v, "proj_v", k, dims.nk)
     if pk.shape[-2] != pv.shape[-2]:
-        raise ShapeError(f"proj_k has r={pk.shape[-2]} rows on axis -2 but proj_v has r={pv.shape[-2]}; "
-                         f"the projected keys and values must pair up (proj_k: {tuple(pk.shape)}, "
-                         f"proj_v: {tuple(pv.shape)})")
+        raise ShapeError(
+            f"proj_k has r={pk.shape[-2]} rows on axis -2 but proj_v has r={pv.shape[-2]}; "
+            f"the projected keys and values must pair up (proj_k: {tuple(pk.shape)}, "
+            f"proj_v: {tuple(pv.shape)})"
+        )
     return attention(q, pk @ k, pv @ v)

@@ -62,8 +62,9 @@ def _read_inputs(q: str | None, k: str | None, v: str | None, inputs: str | None
         return None, None, None
     missing = [name for name, x in given.items() if x is None]
     if missing:
-        _fail(f"--q, --k and --v go together (missing: {', '.join(missing)}); "
-              "give none of them for the built-in example")
+        _fail(
+            f"--q, --k and --v go together (missing: {', '.join(missing)}); give none of them for the built-in example"
+        )
     return _io.read_array(q), _io.read_array(k), _io.read_array(v)  # type: ignore[arg-type]
 
 
@@ -72,8 +73,10 @@ def explain(
     q: Annotated[str | None, typer.Option("--q", metavar="FILE", help=f"queries (..., Nq, Dk): {FILE}")] = None,
     k: Annotated[str | None, typer.Option("--k", metavar="FILE", help=f"keys (..., Nk, Dk): {FILE}")] = None,
     v: Annotated[str | None, typer.Option("--v", metavar="FILE", help=f"values (..., Nk, Dv): {FILE}")] = None,
-    inputs: Annotated[str | None, typer.Option(
-        "--inputs", metavar="FILE", help="q, k and v from one .npz or .json file with keys q, k, v")] = None,
+    inputs: Annotated[
+        str | None,
+        typer.Option("--inputs", metavar="FILE", help="q, k and v from one .npz or .json file with keys q, k, v"),
+    ] = None,
     causal: Annotated[bool, typer.Option("--causal", help="mask future keys (bottom-right aligned)")] = False,
     scale: Annotated[float | None, typer.Option("--scale", help="score scale; default 1/sqrt(Dk)")] = None,
     grad: Annotated[bool, typer.Option("--grad", help="add the backward steps for dO = ones")] = False,

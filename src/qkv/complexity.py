@@ -106,8 +106,9 @@ def _as_mask(mask: Any) -> masks.Mask | None:
     raise MaskError(f"mask must be a qkv.masks.Mask, a boolean NumPy array or None, got {type(mask).__name__}")
 
 
-def _flash_tiles(b: int, h: int, hkv: int, nq: int, nk: int, dk: int, dv: int,
-                 mask: masks.Mask | None) -> tuple[int, int, int, bool]:
+def _flash_tiles(
+    b: int, h: int, hkv: int, nq: int, nk: int, dk: int, dv: int, mask: masks.Mask | None
+) -> tuple[int, int, int, bool]:
     """``(pairs, block_q, block_k, partial)`` as the flash kernel runs the call: the tile sizes it
     chooses (``flash.choose_tiles``) and the tiles it keeps for any batch element."""
     call = Call(None, None, None, Dims((b,), h, hkv, nq, nk, dk, dv, True), mask, None, None, 1.0)
@@ -125,9 +126,19 @@ def _torch_split(nq: int) -> tuple[int, int]:
     return (256 if nq >= 768 else 64 if nq >= 192 else 32), 512
 
 
-def estimate(n_q: int, n_k: int | None = None, d_k: int = 64, d_v: int | None = None, heads: int = 1,
-             kv_heads: int | None = None, batch: int = 1, dtype: str = "float32", impl: str = "reference",
-             mask: Any = None, backward: bool = False) -> Estimate:
+def estimate(
+    n_q: int,
+    n_k: int | None = None,
+    d_k: int = 64,
+    d_v: int | None = None,
+    heads: int = 1,
+    kv_heads: int | None = None,
+    batch: int = 1,
+    dtype: str = "float32",
+    impl: str = "reference",
+    mask: Any = None,
+    backward: bool = False,
+) -> Estimate:
     """Predicted FLOPs and bytes of ``qkv.attention`` (and its backward) for one configuration.
 
     ``n_k`` defaults to ``n_q``, ``d_v`` to ``d_k``, ``kv_heads`` to ``heads`` (GQA: fewer; MQA:
@@ -195,10 +206,26 @@ def estimate(n_q: int, n_k: int | None = None, d_k: int = 64, d_v: int | None = 
             score = 0
     flops = 2 * lanes * pairs * (dk + dv) + (2 * lanes * pairs * (3 * dk + 2 * dv) if backward else 0)
     return Estimate(
-        impl=impl, batch=b, heads=h, kv_heads=hkv, n_q=nq, n_k=nk, d_k=dk, d_v=dv, dtype=dtype, mask=name,
-        backward=backward, pairs=pairs, kept_fraction=pairs / (nq * nk), tiles=tiles, flops=flops,
-        score_bytes=score, peak_bytes=int(peak), kv_cache_bytes=b * hkv * nk * (dk + dv) * s,
-        input_bytes=(lanes * nq * dk + b * hkv * nk * (dk + dv)) * s, output_bytes=lanes * nq * dv * s,
+        impl=impl,
+        batch=b,
+        heads=h,
+        kv_heads=hkv,
+        n_q=nq,
+        n_k=nk,
+        d_k=dk,
+        d_v=dv,
+        dtype=dtype,
+        mask=name,
+        backward=backward,
+        pairs=pairs,
+        kept_fraction=pairs / (nq * nk),
+        tiles=tiles,
+        flops=flops,
+        score_bytes=score,
+        peak_bytes=int(peak),
+        kv_cache_bytes=b * hkv * nk * (dk + dv) * s,
+        input_bytes=(lanes * nq * dk + b * hkv * nk * (dk + dv)) * s,
+        output_bytes=lanes * nq * dv * s,
     )
 
 
@@ -244,10 +271,21 @@ class Communication:
         return d
 
 
-def communication(n: int, d_k: int = 64, d_v: int | None = None, heads: int = 1, kv_heads: int | None = None,
-                  batch: int = 1, dtype: str = "float32", world_size: int = 2, scheme: str = "ring",
-                  causal: bool = False, layout: str = "contiguous", backward: bool = False,
-                  n_k: int | None = None) -> Communication:
+def communication(
+    n: int,
+    d_k: int = 64,
+    d_v: int | None = None,
+    heads: int = 1,
+    kv_heads: int | None = None,
+    batch: int = 1,
+    dtype: str = "float32",
+    world_size: int = 2,
+    scheme: str = "ring",
+    causal: bool = False,
+    layout: str = "contiguous",
+    backward: bool = False,
+    n_k: int | None = None,
+) -> Communication:
     """Bytes each rank sends, per step, for ``ring_attention`` or ``ulysses_attention`` over ``world_size`` ranks.
 
     ``n`` is the whole sequence length (``n_k`` the key length if different); shards are
@@ -286,8 +324,10 @@ def communication(n: int, d_k: int = 64, d_v: int | None = None, heads: int = 1,
     pieces = 2 * w if layout == "zigzag" else w
     for name, length in (("n", nq), ("n_k", nk)):
         if length % pieces:
-            raise ShapeError(f"{name}={length} does not divide into {pieces} equal pieces "
-                             f"(world_size={w}{', zigzag layout: 2 chunks per rank' if layout == 'zigzag' else ''})")
+            raise ShapeError(
+                f"{name}={length} does not divide into {pieces} equal pieces "
+                f"(world_size={w}{', zigzag layout: 2 chunks per rank' if layout == 'zigzag' else ''})"
+            )
     s = ITEMSIZE[dtype]
     c = 4 if dtype in ("float16", "bfloat16") else s
     if scheme == "ring":
@@ -295,13 +335,22 @@ def communication(n: int, d_k: int = 64, d_v: int | None = None, heads: int = 1,
         steps = [kv * s] * (w - 1)
         if backward and w > 1:
             steps += [kv * (s + c)] * (w - 1) + [kv * c]
-        work = tuple(b * h * sum(allowed_pairs(segments(r, w, nq, layout), segments(src, w, nk, layout),
-                                           causal, nq, nk) for src in range(w)) for r in range(w))
+        work = tuple(
+            b
+            * h
+            * sum(
+                allowed_pairs(segments(r, w, nq, layout), segments(src, w, nk, layout), causal, nq, nk)
+                for src in range(w)
+            )
+            for r in range(w)
+        )
     else:
         for name, count in (("heads", h), ("kv_heads", hkv)):
             if count % w:
-                raise ShapeError(f"{name}={count} does not divide by world_size={w}: Ulysses gives each rank "
-                                 f"{name} / world_size heads")
+                raise ShapeError(
+                    f"{name}={count} does not divide by world_size={w}: Ulysses gives each rank "
+                    f"{name} / world_size heads"
+                )
 
         def a2a(heads_: int, n_: int, d: int) -> int:  # one all-to-all of a (B, heads, n/W, d) shard
             return b * heads_ * (n_ // w) * d * s * (w - 1) // w
@@ -311,7 +360,22 @@ def communication(n: int, d_k: int = 64, d_v: int | None = None, heads: int = 1,
             steps += [a2a(h, nq, dv), a2a(h, nq, dk), a2a(hkv, nk, dk), a2a(hkv, nk, dv)]
         work = (b * (h // w) * allowed_pairs(((0, nq),), ((0, nk),), causal, nq, nk),) * w
     return Communication(
-        scheme=scheme, layout=layout, world_size=w, n_q=nq, n_k=nk, d_k=dk, d_v=dv, heads=h, kv_heads=hkv, batch=b,
-        dtype=dtype, causal=causal, backward=backward, steps=len(steps), bytes_per_step=tuple(steps),
-        bytes_per_rank=sum(steps), total_bytes=w * sum(steps), work_per_rank=work,
+        scheme=scheme,
+        layout=layout,
+        world_size=w,
+        n_q=nq,
+        n_k=nk,
+        d_k=dk,
+        d_v=dv,
+        heads=h,
+        kv_heads=hkv,
+        batch=b,
+        dtype=dtype,
+        causal=causal,
+        backward=backward,
+        steps=len(steps),
+        bytes_per_step=tuple(steps),
+        bytes_per_rank=sum(steps),
+        total_bytes=w * sum(steps),
+        work_per_rank=work,
     )

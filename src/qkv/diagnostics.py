@@ -62,8 +62,10 @@ def _mask(m: Any, like: Array, name: str = "mask") -> Array:
     except ValueError:
         shape = None
     if shape != tuple(like.shape):
-        raise MaskError(f"{name} has shape {tuple(m.shape)}, which does not broadcast to the weights' "
-                        f"{tuple(like.shape)} (..., Nq, Nk)")
+        raise MaskError(
+            f"{name} has shape {tuple(m.shape)}, which does not broadcast to the weights' "
+            f"{tuple(like.shape)} (..., Nq, Nk)"
+        )
     return m
 
 
@@ -136,8 +138,10 @@ class Report:
 
     def __str__(self) -> str:
         head = "ok" if self.ok else "NOT OK: " + "; ".join(self.problems())
-        return (f"{head} — {self.rows} rows ({self.empty_rows} empty), row sums in "
-                f"[{self.row_sum_min:.6g}, {self.row_sum_max:.6g}], max |sum − 1| {self.max_row_error:.3g}")
+        return (
+            f"{head} — {self.rows} rows ({self.empty_rows} empty), row sums in "
+            f"[{self.row_sum_min:.6g}, {self.row_sum_max:.6g}], max |sum − 1| {self.max_row_error:.3g}"
+        )
 
 
 def check(weights: Array, *, tolerance: float | None = None, raise_on_error: bool = False) -> Report:
@@ -160,10 +164,13 @@ def check(weights: Array, *, tolerance: float | None = None, raise_on_error: boo
     err = xp.where(xp.all(finite, axis=-1), err, xp.full_like(err, math.inf))
     rows = math.prod(a.shape[:-1])
     report = Report(
-        rows=rows, empty_rows=int(xp.sum(xp.astype(empty, xp.int64))),
-        row_sum_min=float(xp.min(sums)) if rows else 0.0, row_sum_max=float(xp.max(sums)) if rows else 0.0,
+        rows=rows,
+        empty_rows=int(xp.sum(xp.astype(empty, xp.int64))),
+        row_sum_min=float(xp.min(sums)) if rows else 0.0,
+        row_sum_max=float(xp.max(sums)) if rows else 0.0,
         max_row_error=float(xp.max(err)) if rows else 0.0,
-        nonfinite=int(xp.sum(xp.astype(~finite, xp.int64))), negative=int(xp.sum(xp.astype(a < 0, xp.int64))),
+        nonfinite=int(xp.sum(xp.astype(~finite, xp.int64))),
+        negative=int(xp.sum(xp.astype(a < 0, xp.int64))),
         tolerance=tol,
     )
     if raise_on_error and not report.ok:
@@ -197,8 +204,10 @@ def compare(approx_out: Array, exact_out: Array) -> Comparison:
     _, e = _weights(exact_out, "exact_out")
     namespace(approx_out=a, exact_out=e)
     if tuple(a.shape) != tuple(e.shape):
-        raise ShapeError(f"approx_out has shape {tuple(a.shape)} but exact_out has {tuple(e.shape)}; "
-                         "compare outputs of the same call")
+        raise ShapeError(
+            f"approx_out has shape {tuple(a.shape)} but exact_out has {tuple(e.shape)}; "
+            "compare outputs of the same call"
+        )
     diff = xp.sum((a - e) ** 2, axis=-1)
     norm = xp.sum(e * e, axis=-1)
     rows = xp.sqrt(xp.where(norm > 0, diff / xp.where(norm > 0, norm, xp.ones_like(norm)), diff))
@@ -225,8 +234,9 @@ def kl(p_weights: Array, q_weights: Array) -> Array:
         raise ShapeError(f"p_weights has shape {tuple(p.shape)} but q_weights has {tuple(q.shape)}")
     one = xp.ones_like(p)
     used, ruled_out = p > 0, (p > 0) & (q <= 0)
-    terms = xp.where(used & ~ruled_out, p * (xp.log(xp.where(used, p, one)) - xp.log(xp.where(q > 0, q, one))),
-                     xp.zeros_like(p))
+    terms = xp.where(
+        used & ~ruled_out, p * (xp.log(xp.where(used, p, one)) - xp.log(xp.where(q > 0, q, one))), xp.zeros_like(p)
+    )
     inf = xp.full(terms.shape[:-1], math.inf, dtype=p.dtype, device=device(p))
     return xp.where(xp.any(ruled_out, axis=-1), inf, xp.sum(terms, axis=-1))
 

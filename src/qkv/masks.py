@@ -53,9 +53,7 @@ def _band(lo: int, hi: int, offset: int | None, name: str) -> Mask:
     def tiles(q0, q1, k0, k1, nq, nk):
         o = off(nq, nk)
         dmin, dmax = q0 + o - (k1 - 1), (q1 - 1) + o - k0  # d takes every value in between
-        return np.where(
-            (dmax < lo) | (dmin > hi), EMPTY, np.where((dmin >= lo) & (dmax <= hi), FULL, PARTIAL)
-        )
+        return np.where((dmax < lo) | (dmin > hi), EMPTY, np.where((dmin >= lo) & (dmax <= hi), FULL, PARTIAL))
 
     return Mask(allowed, name, tiles)
 
@@ -155,8 +153,10 @@ def document(doc_ids: Any) -> Mask:
 
     def checked(nq: int, nk: int) -> np.ndarray:
         if ids.shape[-1] != nk or nq > nk:
-            raise MaskError(f"doc_ids has {ids.shape[-1]} positions on its last axis but the keys have Nk={nk} "
-                            f"(and Nq={nq} must not exceed it) (doc_ids: {ids.shape})")
+            raise MaskError(
+                f"doc_ids has {ids.shape[-1]} positions on its last axis but the keys have Nk={nk} "
+                f"(and Nq={nq} must not exceed it) (doc_ids: {ids.shape})"
+            )
         return ids
 
     def lift(a: np.ndarray) -> np.ndarray:

@@ -129,8 +129,7 @@ def rope(x: Array, positions: Any = None, base: float = 10000.0) -> Array:
     d = x.shape[-1]
     if d % 2:
         raise ShapeError(
-            f"rope pairs features c and c + D/2, so x needs an even D on its last axis, got D={d} "
-            f"(x: {tuple(x.shape)})"
+            f"rope pairs features c and c + D/2, so x needs an even D on its last axis, got D={d} (x: {tuple(x.shape)})"
         )
     base = _positive(base, "base")
     p = _positions(positions, tuple(x.shape[:-1]), tuple(x.shape))

@@ -81,8 +81,9 @@ def _mul(a: Grad, b: Grad) -> Grad:
     return a * b
 
 
-def _additive(bias: Callable[[Any, Array, np.ndarray, np.ndarray, int, int], Array], name: str,
-              tensors: tuple[Array, ...] = ()) -> ScoreMod:
+def _additive(
+    bias: Callable[[Any, Array, np.ndarray, np.ndarray, int, int], Array], name: str, tensors: tuple[Array, ...] = ()
+) -> ScoreMod:
     def fn(xp, s, i, j, nq, nk):
         return s + bias(xp, s, i, j, nq, nk), None
 
@@ -131,8 +132,9 @@ def alibi(slopes: Any = None, n_heads: int | None = None) -> ScoreMod:
     def bias(xp, s, i, j, nq, nk):
         h = _heads(s)
         if n_heads is not None and n_heads != h:
-            raise ShapeError(f"alibi(n_heads={n_heads}) but the scores have H={h} heads on axis -3 "
-                             f"(scores: {tuple(s.shape)})")
+            raise ShapeError(
+                f"alibi(n_heads={n_heads}) but the scores have H={h} heads on axis -3 (scores: {tuple(s.shape)})"
+            )
         m = alibi_slopes(h) if slopes is None else slopes
         m = _per_head(xp, m if _is_array(m) else np.asarray(m, dtype=np.float64), s, "alibi slopes")
         dist = from_numpy(np.abs(i + (nk - nq) - j).astype(np.float64), s, s.dtype)
@@ -196,6 +198,7 @@ def temperature(t: float) -> ScoreMod:
         return s / t, 1.0 / t
 
     return ScoreMod(fn, f"temperature({t:g})")
+
 
 from ._scoring import additive as additive  # noqa: E402
 from ._scoring import additive_backward as additive_backward  # noqa: E402

@@ -99,8 +99,9 @@ def tile_classes(c: Call, block_q: int, block_k: int) -> np.ndarray:
     cls = c.mask.blocks(d.nq, d.nk, block_q, block_k)
     if cls.ndim > 2:
         flat = cls.reshape(-1, nbq, nbk)
-        cls = np.where((flat == masks.EMPTY).all(0), masks.EMPTY,
-                       np.where((flat == masks.FULL).all(0), masks.FULL, masks.PARTIAL))
+        cls = np.where(
+            (flat == masks.EMPTY).all(0), masks.EMPTY, np.where((flat == masks.FULL).all(0), masks.FULL, masks.PARTIAL)
+        )
     return cls
 
 
@@ -185,8 +186,12 @@ def forward(c: Call, block_q: int | None = None, block_k: int | None = None) -> 
         m_safe = xp.where(xp.isfinite(m), m, xp.zeros_like(m))
         # written in place (NumPy, torch): no list to concatenate
         out = set_(out, (..., slice(q0, q1), slice(None)), cast(xp, acc / safe_l, c.q.dtype), inplace)
-        lse = set_(lse, (..., slice(q0, q1)),
-                   xp.where(nonempty, xp.log(safe_l) + m_safe, xp.full_like(l, -float("inf")))[..., 0], inplace)
+        lse = set_(
+            lse,
+            (..., slice(q0, q1)),
+            xp.where(nonempty, xp.log(safe_l) + m_safe, xp.full_like(l, -float("inf")))[..., 0],
+            inplace,
+        )
     weights = _weights(xp, c, lse, tiles, classes, block_q, block_k) if c.want_weights else None
     return Result(out, weights, lse)
 
@@ -211,8 +216,15 @@ def _weights(xp: Any, c: Call, lse: Array, tiles: _Tiles, classes: np.ndarray, b
     return xp.astype(xp.concat(rows, axis=-2), c.q.dtype)
 
 
-def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = None,
-             block_q: int | None = None, block_k: int | None = None) -> tuple[Array, Array, Array]:
+def backward(
+    dout: Array,
+    c: Call,
+    out: Array,
+    lse: Array,
+    dlse: Array | None = None,
+    block_q: int | None = None,
+    block_k: int | None = None,
+) -> tuple[Array, Array, Array]:
     """Gradients by tiles, recomputing ``A = exp(S - lse)`` (FlashAttention-2, Algorithm 2).
 
     ``D = rowsum(dO ∘ O)``; per tile ``dV += Aᵀ dO``, ``dS = A ∘ (dO Vᵀ − D + dlse)`` through
@@ -265,6 +277,4 @@ def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = 
         dq = set_(dq, (..., slice(q0, q1), slice(None)), dq_acc, inplace)
     dq = imul_(dq, c.scale, inplace)  # in place: no second N x D buffer
     dk = imul_(dk, c.scale, inplace)
-    return tuple(
-        cast(xp, unbroadcast(xp, g, tuple(x.shape)), x.dtype) for g, x in ((dq, c.q), (dk, c.k), (dv, c.v))
-    )
+    return tuple(cast(xp, unbroadcast(xp, g, tuple(x.shape)), x.dtype) for g, x in ((dq, c.q), (dk, c.k), (dv, c.v)))

@@ -105,6 +105,4 @@ def backward(dout: Array, c: Call, out: Array, lse: Array) -> tuple[Array, Array
     dsg = group_q(xp, ds, d)
     dq = ungroup(xp, dsg @ k, d) * c.scale
     dk = (dsg.mT @ group_q(xp, q, d)) * c.scale
-    return tuple(
-        cast(xp, unbroadcast(xp, g, tuple(x.shape)), x.dtype) for g, x in ((dq, c.q), (dk, c.k), (dv, c.v))
-    )
+    return tuple(cast(xp, unbroadcast(xp, g, tuple(x.shape)), x.dtype) for g, x in ((dq, c.q), (dk, c.k), (dv, c.v)))

@@ -32,7 +32,24 @@ from ._workloads import make_inputs as make_inputs
 from ._workloads import workload as workload
 
 __all__ = [
-    "COMPETITORS", "SUITES", "SUITE_NAMES", "WORKLOADS", "Memory", "Ratio", "Timing", "Unavailable", "Workload",
-    "allowed_entries", "compare", "flops", "make_inputs", "measure", "naive_attention", "paired_ratios",
-    "peak_memory", "run_case", "run_suite", "workload",
+    "COMPETITORS",
+    "SUITES",
+    "SUITE_NAMES",
+    "WORKLOADS",
+    "Memory",
+    "Ratio",
+    "Timing",
+    "Unavailable",
+    "Workload",
+    "allowed_entries",
+    "compare",
+    "flops",
+    "make_inputs",
+    "measure",
+    "naive_attention",
+    "paired_ratios",
+    "peak_memory",
+    "run_case",
+    "run_suite",
+    "workload",
 ]

@@ -120,8 +120,7 @@ def _sdpa(backend_name: str) -> Callable[[Workload, str, CaseData], Run]:
 
         def run() -> list[Any]:
             with sdpa_kernel(backend):
-                out = F.scaled_dot_product_attention(x.q, x.k, x.v, attn_mask=mask, is_causal=w.causal,
-                                                     enable_gqa=gqa)
+                out = F.scaled_dot_product_attention(x.q, x.k, x.v, attn_mask=mask, is_causal=w.causal, enable_gqa=gqa)
                 return _grads(out, x) if mode == "fwdbwd" else [out]
 
         return run

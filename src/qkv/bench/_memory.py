@@ -35,8 +35,9 @@ class Memory(NamedTuple):
     method: str
 
 
-def peak_memory(target: str, workload_name: str, n: int, mode: str = "fwdbwd", *, h: int = 8, d: int = 64,
-                timeout: float = 900.0) -> Memory:
+def peak_memory(
+    target: str, workload_name: str, n: int, mode: str = "fwdbwd", *, h: int = 8, d: int = 64, timeout: float = 900.0
+) -> Memory:
     """Run competitor ``target`` on ``workload(workload_name, n, h=h, d=d)`` once in a fresh process.
 
     >>> m = peak_memory("qkv-flash", "dense", 32768, "fwdbwd", h=1)
@@ -47,8 +48,14 @@ def peak_memory(target: str, workload_name: str, n: int, mode: str = "fwdbwd", *
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "memory.json"
         code = "import sys; from qkv.bench._memory import _child; _child(sys.argv[1], sys.argv[2])"
-        proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec), str(out)], env=env,
-                              capture_output=True, text=True, timeout=timeout, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(spec), str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         if proc.returncode != 0 or not out.exists():
             tail = " ".join(proc.stderr.strip().splitlines()[-3:])
             raise RuntimeError(f"memory child for {spec} exited with {proc.returncode}: {tail}")

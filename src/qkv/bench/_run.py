@@ -25,19 +25,51 @@ CONTENDED = 0.3
 
 def _row(w: Workload, mode: str, impl: str, **fields: Any) -> dict[str, Any]:
     row: dict[str, Any] = {
-        "kind": "timing", "workload": w.name, "n": w.nk, "nq": w.nq, "b": w.b, "h": w.h, "hkv": w.hkv, "d": w.d,
-        "mode": mode, "impl": impl, "status": "ok", "median_s": None, "iqr_s": None, "min_s": None, "repeats": 0,
-        "baseline": None, "speedup": None, "speedup_q1": None, "speedup_q3": None, "gflops": None,
-        "max_abs_err": None, "err_vs": None, "compile_s": None, "note": "", "samples": [], "others_cpu": None,
+        "kind": "timing",
+        "workload": w.name,
+        "n": w.nk,
+        "nq": w.nq,
+        "b": w.b,
+        "h": w.h,
+        "hkv": w.hkv,
+        "d": w.d,
+        "mode": mode,
+        "impl": impl,
+        "status": "ok",
+        "median_s": None,
+        "iqr_s": None,
+        "min_s": None,
+        "repeats": 0,
+        "baseline": None,
+        "speedup": None,
+        "speedup_q1": None,
+        "speedup_q3": None,
+        "gflops": None,
+        "max_abs_err": None,
+        "err_vs": None,
+        "compile_s": None,
+        "note": "",
+        "samples": [],
+        "others_cpu": None,
     }
     row.update(fields)
     return row
 
 
-def run_case(w: Workload, mode: str, impls: Sequence[str], *, baseline: str, budget_s: float = 30.0,
-             repeats: tuple[int, int] = (3, 9), max_call_s: float = 30.0, predicted: Mapping[str, float] | None = None,
-             extra: Mapping[str, Callable[[], Any]] | None = None, quiet_s: float = 0.0,
-             progress: Progress = None) -> list[dict[str, Any]]:
+def run_case(
+    w: Workload,
+    mode: str,
+    impls: Sequence[str],
+    *,
+    baseline: str,
+    budget_s: float = 30.0,
+    repeats: tuple[int, int] = (3, 9),
+    max_call_s: float = 30.0,
+    predicted: Mapping[str, float] | None = None,
+    extra: Mapping[str, Callable[[], Any]] | None = None,
+    quiet_s: float = 0.0,
+    progress: Progress = None,
+) -> list[dict[str, Any]]:
     """Rows for ``impls`` on ``(w, mode)``: median seconds, IQR, speed-up over ``baseline``, GFLOP/s.
 
     ``repeats = (lo, hi)`` bounds the rounds; within them as many as fit ``budget_s`` seconds.
@@ -57,8 +89,9 @@ def run_case(w: Workload, mode: str, impls: Sequence[str], *, baseline: str, bud
     for name in order:
         guess = (predicted or {}).get(name)
         if guess is not None and guess > max_call_s:
-            rows[name] = _row(w, mode, name, status="skipped",
-                              note=f"predicted {guess:.0f} s per call > max {max_call_s:.0f} s")
+            rows[name] = _row(
+                w, mode, name, status="skipped", note=f"predicted {guess:.0f} s per call > max {max_call_s:.0f} s"
+            )
             continue
         if progress:
             progress(f"{w.label} {mode}: {name}")
@@ -71,8 +104,13 @@ def run_case(w: Workload, mode: str, impls: Sequence[str], *, baseline: str, bud
             rows[name] = _row(w, mode, name, status="unavailable", note=str(e))
             continue
         except Exception as e:  # a candidate that fails is reported, the others still run
-            rows[name] = _row(w, mode, name, status="unavailable",
-                              note=f"failed: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+            rows[name] = _row(
+                w,
+                mode,
+                name,
+                status="unavailable",
+                note=f"failed: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}",
+            )
             continue
         fields: dict[str, Any] = {}
         compile_s, mask_s = getattr(fn, "compile_s", None), getattr(fn, "mask_s", None)
@@ -87,8 +125,18 @@ def run_case(w: Workload, mode: str, impls: Sequence[str], *, baseline: str, bud
         del out
         if probe[name] > max_call_s:  # too slow for rounds: its one call is all we report
             t = timing([probe[name]])
-            rows[name] = _row(w, mode, name, median_s=t.median, iqr_s=0.0, min_s=t.min, repeats=1,
-                              samples=list(t.samples), gflops=work / t.median / 1e9, **fields)
+            rows[name] = _row(
+                w,
+                mode,
+                name,
+                median_s=t.median,
+                iqr_s=0.0,
+                min_s=t.min,
+                repeats=1,
+                samples=list(t.samples),
+                gflops=work / t.median / 1e9,
+                **fields,
+            )
             rows[name]["note"] = (rows[name]["note"] + "; " if rows[name]["note"] else "") + "one call only (slow)"
             continue
         rows[name] = _row(w, mode, name, **fields)
@@ -127,12 +175,28 @@ def run_case(w: Workload, mode: str, impls: Sequence[str], *, baseline: str, bud
     base = timings.get(baseline)
     for name, t in timings.items():
         if name in (extra or {}):
-            rows[name] = _row(w, mode, name, kind="extra", median_s=t.median, iqr_s=t.iqr, min_s=t.min,
-                              repeats=len(t.samples), samples=list(t.samples), others_cpu=others)
+            rows[name] = _row(
+                w,
+                mode,
+                name,
+                kind="extra",
+                median_s=t.median,
+                iqr_s=t.iqr,
+                min_s=t.min,
+                repeats=len(t.samples),
+                samples=list(t.samples),
+                others_cpu=others,
+            )
             continue
         r = rows[name]
-        r.update(median_s=t.median, iqr_s=t.iqr, min_s=t.min, repeats=len(t.samples), samples=list(t.samples),
-                 gflops=work / t.median / 1e9)
+        r.update(
+            median_s=t.median,
+            iqr_s=t.iqr,
+            min_s=t.min,
+            repeats=len(t.samples),
+            samples=list(t.samples),
+            gflops=work / t.median / 1e9,
+        )
     for name, r in rows.items():
         if r["median_s"] is None or r["kind"] != "timing":
             continue

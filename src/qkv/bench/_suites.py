@@ -33,9 +33,13 @@ SUITES: dict[str, Suite] = {
     **{name: Suite((name,), FULL_NS, (512, 2048)) for name in ("dense", "causal", "sliding", "document", "gqa")},
     "decode": Suite(("decode", "decode-gqa"), (1024, 4096, 16384, 32768), (1024, 8192), modes=("fwd",)),
     "all": Suite(WORKLOADS, FULL_NS, (512, 2048)),
-    "numpy": Suite(("dense", "causal", "sliding"), (512, 1024, 2048, 4096), (512,),
-                   ("qkv-flash-np", "qkv-auto-np", "qkv-reference-np", "numpy", "qkv-flash"),
-                   baseline="qkv-reference-np"),
+    "numpy": Suite(
+        ("dense", "causal", "sliding"),
+        (512, 1024, 2048, 4096),
+        (512,),
+        ("qkv-flash-np", "qkv-auto-np", "qkv-reference-np", "numpy", "qkv-flash"),
+        baseline="qkv-reference-np",
+    ),
 }
 SUITE_NAMES = (*SUITES, "targets")
 
@@ -44,9 +48,18 @@ def _scale(name: str, n_old: int, n_new: int) -> float:
     return n_new / n_old if name.startswith("decode") else (n_new / n_old) ** 2
 
 
-def run_suite(name: str, quick: bool = False, *, ns: Sequence[int] | None = None, modes: Sequence[str] | None = None,
-              workloads: Sequence[str] | None = None, impls: Sequence[str] | None = None,
-              max_call_s: float | None = None, quiet_s: float = 0.0, progress: Progress = None) -> list[dict[str, Any]]:
+def run_suite(
+    name: str,
+    quick: bool = False,
+    *,
+    ns: Sequence[int] | None = None,
+    modes: Sequence[str] | None = None,
+    workloads: Sequence[str] | None = None,
+    impls: Sequence[str] | None = None,
+    max_call_s: float | None = None,
+    quiet_s: float = 0.0,
+    progress: Progress = None,
+) -> list[dict[str, Any]]:
     """Run suite ``name`` and return its rows (see ``run_case``); ``quick`` shrinks it to seconds.
 
     Rows: ``workload, n, mode, impl, status, median_s, iqr_s, speedup`` (baseline time over
@@ -82,9 +95,18 @@ def run_suite(name: str, quick: bool = False, *, ns: Sequence[int] | None = None
             for n in lengths:
                 w = workload(wname, n)
                 guess = {c: t * _scale(wname, n0, n) for c, (n0, t) in last.items()}
-                case = run_case(w, mode, chosen, baseline=s.baseline, budget_s=1.0 if quick else s.budget_s,
-                                repeats=(2, 3) if quick else (3, 9), max_call_s=cap, predicted=guess,
-                                quiet_s=quiet_s, progress=progress)
+                case = run_case(
+                    w,
+                    mode,
+                    chosen,
+                    baseline=s.baseline,
+                    budget_s=1.0 if quick else s.budget_s,
+                    repeats=(2, 3) if quick else (3, 9),
+                    max_call_s=cap,
+                    predicted=guess,
+                    quiet_s=quiet_s,
+                    progress=progress,
+                )
                 for r in case:
                     r["suite"] = name
                     if r["median_s"] is not None:

@@ -33,9 +33,16 @@ def _target(name: str, row: dict[str, Any], measure: str, ratio: Ratio | None, g
     if ratio is not None:  # "within noise": the goal lies inside the quartiles of the per-round ratios
         verdict = "yes" if ratio.q1 >= goal else "no" if ratio.q3 < goal else "within noise"
     return {
-        "kind": "target", "target": name, "impl": row["impl"], "measure": measure, "value": value,
-        "q1": None if ratio is None else ratio.q1, "q3": None if ratio is None else ratio.q3, "goal": goal,
-        "met": None if value is None else bool(value >= goal), "verdict": verdict,
+        "kind": "target",
+        "target": name,
+        "impl": row["impl"],
+        "measure": measure,
+        "value": value,
+        "q1": None if ratio is None else ratio.q1,
+        "q3": None if ratio is None else ratio.q3,
+        "goal": goal,
+        "met": None if value is None else bool(value >= goal),
+        "verdict": verdict,
         "note": row["note"] if value is None else "",
     }
 
@@ -49,11 +56,28 @@ def _vs(rows: list[dict[str, Any]], impl: str, other: str) -> Ratio | None:
     return paired_ratios(_timing(b), _timing(a))
 
 
-def _speed_targets(out: list[dict[str, Any]], progress: Progress, wname: str, n: int, mode: str, goal: float | None,
-                   flex: bool, quiet_s: float) -> None:
+def _speed_targets(
+    out: list[dict[str, Any]],
+    progress: Progress,
+    wname: str,
+    n: int,
+    mode: str,
+    goal: float | None,
+    flex: bool,
+    quiet_s: float,
+) -> None:
     impls = (*QKV, "sdpa-flash", *(("flex",) if flex else ()))
-    rows = run_case(workload(wname, n), mode, impls, baseline="sdpa-flash", budget_s=40.0, repeats=(4, 9),
-                    max_call_s=60.0, quiet_s=quiet_s, progress=progress)
+    rows = run_case(
+        workload(wname, n),
+        mode,
+        impls,
+        baseline="sdpa-flash",
+        budget_s=40.0,
+        repeats=(4, 9),
+        max_call_s=60.0,
+        quiet_s=quiet_s,
+        progress=progress,
+    )
     for r in rows:
         r["suite"] = "targets"
     out.extend(rows)
@@ -64,8 +88,9 @@ def _speed_targets(out: list[dict[str, Any]], progress: Progress, wname: str, n:
             what = "throughput / sdpa-flash" if wname == "dense" else "speed-up over sdpa-flash with the dense mask"
             out.append(_target(label, row, what, _vs(rows, impl, "sdpa-flash"), goal))
         if flex:
-            out.append(_target(label, row, "speed-up over compiled flex (compile excluded)", _vs(rows, impl, "flex"),
-                               1.0))
+            out.append(
+                _target(label, row, "speed-up over compiled flex (compile excluded)", _vs(rows, impl, "flex"), 1.0)
+            )
 
 
 def _memory_targets(out: list[dict[str, Any]], progress: Progress, n: int) -> None:
@@ -73,8 +98,16 @@ def _memory_targets(out: list[dict[str, Any]], progress: Progress, n: int) -> No
     for impl in ("qkv-flash", "sdpa-flash"):  # causal: the long-sequence case (and half the work of dense)
         if progress:
             progress(f"peak memory: {impl} causal fwdbwd N={n} H=1 (subprocess)")
-        row: dict[str, Any] = {"kind": "memory", "suite": "targets", "workload": "causal", "n": n, "h": 1,
-                               "mode": "fwdbwd", "impl": impl, "note": ""}
+        row: dict[str, Any] = {
+            "kind": "memory",
+            "suite": "targets",
+            "workload": "causal",
+            "n": n,
+            "h": 1,
+            "mode": "fwdbwd",
+            "impl": impl,
+            "note": "",
+        }
         try:
             m = peak_memory(impl, "causal", n, "fwdbwd", h=1)
             row.update(m._asdict())
@@ -84,13 +117,22 @@ def _memory_targets(out: list[dict[str, Any]], progress: Progress, n: int) -> No
         out.append(row)
         if impl.startswith("qkv"):
             extra = row.get("extra")
-            out.append({
-                "kind": "target", "target": f"peak extra memory causal fwdbwd N={n} H=1 D=64", "impl": impl,
-                "measure": "MiB (outputs and gradients included)", "value": None if extra is None else extra / 2**20,
-                "q1": None, "q3": None, "goal": goal / 2**20, "met": None if extra is None else bool(extra < goal),
-                "verdict": None if extra is None else ("yes" if extra < goal else "no"),
-                "note": row["note"], "lower_is_better": True,
-            })
+            out.append(
+                {
+                    "kind": "target",
+                    "target": f"peak extra memory causal fwdbwd N={n} H=1 D=64",
+                    "impl": impl,
+                    "measure": "MiB (outputs and gradients included)",
+                    "value": None if extra is None else extra / 2**20,
+                    "q1": None,
+                    "q3": None,
+                    "goal": goal / 2**20,
+                    "met": None if extra is None else bool(extra < goal),
+                    "verdict": None if extra is None else ("yes" if extra < goal else "no"),
+                    "note": row["note"],
+                    "lower_is_better": True,
+                }
+            )
 
 
 def _decode_targets(out: list[dict[str, Any]], progress: Progress, n: int, quiet_s: float) -> None:
@@ -101,8 +143,17 @@ def _decode_targets(out: list[dict[str, Any]], progress: Progress, n: int, quiet
     readers = {"read-numpy": lambda: float(buf.sum()), "read-torch": lambda: float(tbuf.sum())}
     for wname in ("decode", "decode-gqa"):
         w = workload(wname, n)
-        rows = run_case(w, "fwd", (*QKV, "sdpa-flash", "sdpa-math"), baseline="sdpa-flash", budget_s=10.0,
-                        repeats=(9, 25), extra=readers, quiet_s=quiet_s, progress=progress)
+        rows = run_case(
+            w,
+            "fwd",
+            (*QKV, "sdpa-flash", "sdpa-math"),
+            baseline="sdpa-flash",
+            budget_s=10.0,
+            repeats=(9, 25),
+            extra=readers,
+            quiet_s=quiet_s,
+            progress=progress,
+        )
         by = {r["impl"]: r for r in rows}
         for r in rows:
             r["suite"] = "targets"
@@ -116,19 +167,24 @@ def _decode_targets(out: list[dict[str, Any]], progress: Progress, n: int, quiet
             t_read, t_impl = _timing(by[reader]), _timing(by[impl])
             floor = paired_ratios(t_read, t_impl)  # t_read / t_impl, scaled below to the K, V bytes
             scale = w.kv_bytes() / BANDWIDTH_BYTES
-            out.append(_target(
-                f"{wname} L={n}", by[impl],
-                f"bandwidth floor / time (K+V {w.kv_bytes() / 2**20:.0f} MiB at "
-                f"{BANDWIDTH_BYTES / by[reader]['median_s'] / 1e9:.1f} GB/s, {reader})",
-                Ratio(floor.median * scale, floor.q1 * scale, floor.q3 * scale), 0.6,
-            ))
+            out.append(
+                _target(
+                    f"{wname} L={n}",
+                    by[impl],
+                    f"bandwidth floor / time (K+V {w.kv_bytes() / 2**20:.0f} MiB at "
+                    f"{BANDWIDTH_BYTES / by[reader]['median_s'] / 1e9:.1f} GB/s, {reader})",
+                    Ratio(floor.median * scale, floor.q1 * scale, floor.q3 * scale),
+                    0.6,
+                )
+            )
 
 
 TARGET_GROUPS = ("dense", "sliding", "document", "memory", "decode")
 
 
-def run_targets(quick: bool = False, quiet_s: float = 0.0, progress: Progress = None,
-                only: Sequence[str] | None = None) -> list[dict[str, Any]]:
+def run_targets(
+    quick: bool = False, quiet_s: float = 0.0, progress: Progress = None, only: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
     """Every target of the issue, or the groups in ``only`` (``TARGET_GROUPS``); ``quick``: the
     same checks at small sizes, FlexAttention left out."""
     unknown = set(only or ()) - set(TARGET_GROUPS)

@@ -39,8 +39,9 @@ def _timed(fn: Callable[[], Any], sync: Callable[[], Any] | None) -> float:
     return time.perf_counter() - t0
 
 
-def measure(fn: Callable[[], Any], *, warmup: int = 1, repeats: int = 5,
-            sync: Callable[[], Any] | None = None) -> Timing:
+def measure(
+    fn: Callable[[], Any], *, warmup: int = 1, repeats: int = 5, sync: Callable[[], Any] | None = None
+) -> Timing:
     """Time ``fn()`` ``repeats`` times after ``warmup`` untimed calls; ``sync()`` ends each call.
 
     >>> t = measure(lambda: sum(range(1000)), repeats=7)
@@ -55,8 +56,14 @@ def measure(fn: Callable[[], Any], *, warmup: int = 1, repeats: int = 5,
     return timing([_timed(fn, sync) for _ in range(repeats)])
 
 
-def compare(fns: Mapping[str, Callable[[], Any]], *, warmup: int = 1, repeats: int = 5,
-            sync: Callable[[], Any] | None = None, rotate: bool = False) -> dict[str, Timing]:
+def compare(
+    fns: Mapping[str, Callable[[], Any]],
+    *,
+    warmup: int = 1,
+    repeats: int = 5,
+    sync: Callable[[], Any] | None = None,
+    rotate: bool = False,
+) -> dict[str, Timing]:
     """Time several candidates interleaved round-robin: warm-ups, then A B C A B C ... ``repeats`` rounds.
 
     Sample ``r`` of every candidate comes from round ``r``, so ``paired_ratios`` can divide

@@ -32,9 +32,19 @@ def _x(value: float | None, q1: float | None = None, q3: float | None = None) ->
 def timing_table(rows: list[dict[str, Any]], title: str = "Timings") -> Table:
     """Rows of ``kind`` timing/extra as a table, one section per (workload, N, mode)."""
     t = Table(title=title, title_justify="left")
-    for col, just in (("workload", "left"), ("N", "right"), ("mode", "left"), ("impl", "left"),
-                      ("median ms", "right"), ("IQR ms", "right"), ("n", "right"), ("speed-up vs baseline", "right"),
-                      ("GFLOP/s", "right"), ("max err", "right"), ("note", "left")):
+    for col, just in (
+        ("workload", "left"),
+        ("N", "right"),
+        ("mode", "left"),
+        ("impl", "left"),
+        ("median ms", "right"),
+        ("IQR ms", "right"),
+        ("n", "right"),
+        ("speed-up vs baseline", "right"),
+        ("GFLOP/s", "right"),
+        ("max err", "right"),
+        ("note", "left"),
+    ):
         t.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
     case = None
     for r in rows:
@@ -53,9 +63,19 @@ def timing_table(rows: list[dict[str, Any]], title: str = "Timings") -> Table:
         if speed and r.get("baseline") == r["impl"]:
             speed = "baseline"
         err = r.get("max_abs_err")
-        t.add_row(r["workload"], str(r["n"]), r["mode"], r["impl"], _ms(r.get("median_s")), _ms(r.get("iqr_s")),
-                  str(r.get("repeats") or ""), speed, f"{r['gflops']:.1f}" if r.get("gflops") else "",
-                  f"{err:.1e}" if err is not None else "", note)
+        t.add_row(
+            r["workload"],
+            str(r["n"]),
+            r["mode"],
+            r["impl"],
+            _ms(r.get("median_s")),
+            _ms(r.get("iqr_s")),
+            str(r.get("repeats") or ""),
+            speed,
+            f"{r['gflops']:.1f}" if r.get("gflops") else "",
+            f"{err:.1e}" if err is not None else "",
+            note,
+        )
     return t
 
 
@@ -86,10 +106,18 @@ def memory_table(rows: list[dict[str, Any]]) -> Table:
         if r.get("kind") != "memory":
             continue
         has = "extra" in r
-        t.add_row(r["impl"], r["workload"], str(r["n"]), str(r["h"]), r["mode"],
-                  f"{r['extra'] / mib:.1f}" if has else "", f"{r['outputs'] / mib:.1f}" if has else "",
-                  f"{r['inputs'] / mib:.1f}" if has else "", f"{r['seconds']:.1f}" if has else "",
-                  r.get("note") or r.get("method", ""))
+        t.add_row(
+            r["impl"],
+            r["workload"],
+            str(r["n"]),
+            str(r["h"]),
+            r["mode"],
+            f"{r['extra'] / mib:.1f}" if has else "",
+            f"{r['outputs'] / mib:.1f}" if has else "",
+            f"{r['inputs'] / mib:.1f}" if has else "",
+            f"{r['seconds']:.1f}" if has else "",
+            r.get("note") or r.get("method", ""),
+        )
     return t
 
 
@@ -143,9 +171,15 @@ def bench_command(
     if unknown:
         raise typer.BadParameter(f"unknown --impl {', '.join(unknown)}; known: {', '.join(COMPETITORS)}")
     err = Console(stderr=True)
-    rows = run_suite(suite, quick=quick, ns=_ints(n), modes=[mode] if mode else None,
-                     workloads=[workload] if workload else None, impls=impls,
-                     progress=lambda msg: err.print(f"[dim]{msg}[/]", highlight=False))
+    rows = run_suite(
+        suite,
+        quick=quick,
+        ns=_ints(n),
+        modes=[mode] if mode else None,
+        workloads=[workload] if workload else None,
+        impls=impls,
+        progress=lambda msg: err.print(f"[dim]{msg}[/]", highlight=False),
+    )
     if json_out:
         typer.echo(json.dumps(rows, default=float))
     else:

@@ -24,6 +24,12 @@ from ._simulate import simulate_ring as simulate_ring
 from ._ulysses import ulysses_attention as ulysses_attention
 
 __all__ = [
-    "DistributedError", "RingSimulation", "RingStep", "gather_sequence", "ring_attention", "shard_sequence",
-    "simulate_ring", "ulysses_attention",
+    "DistributedError",
+    "RingSimulation",
+    "RingStep",
+    "gather_sequence",
+    "ring_attention",
+    "shard_sequence",
+    "simulate_ring",
+    "ulysses_attention",
 ]

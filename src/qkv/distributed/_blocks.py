@@ -56,8 +56,10 @@ def pair_mask(qseg: tuple[int, int], kseg: tuple[int, int], causal: bool, nq: in
 def _nothing(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
     """Zeros and ``lse = -inf`` for queries that attend no key of the block."""
     xp, lead = namespace(q=q), check_qkv(q, k, v).score_shape[:-1]
-    return (xp.zeros((*lead, v.shape[-1]), dtype=q.dtype, device=device(q)),
-            xp.full(lead, -float("inf"), dtype=q.dtype, device=device(q)))
+    return (
+        xp.zeros((*lead, v.shape[-1]), dtype=q.dtype, device=device(q)),
+        xp.full(lead, -float("inf"), dtype=q.dtype, device=device(q)),
+    )
 
 
 def _flash(q: Array, k: Array, v: Array, mask: Any, scale: float) -> tuple[Array, Array]:
@@ -65,8 +67,9 @@ def _flash(q: Array, k: Array, v: Array, mask: Any, scale: float) -> tuple[Array
     return res.out, res.lse
 
 
-def block_forward(q: Array, k: Array, v: Array, q_segs: Segments, kv_segs: Segments, *, causal: bool,
-                  scale: float, nq: int, nk: int) -> tuple[Array, Array, bool]:
+def block_forward(
+    q: Array, k: Array, v: Array, q_segs: Segments, kv_segs: Segments, *, causal: bool, scale: float, nq: int, nk: int
+) -> tuple[Array, Array, bool]:
     """This rank's queries against one K/V block: ``(out (..., nq_local, Dv), lse (..., nq_local), computed)``.
 
     ``q (..., H, nq_local, Dk)`` holds the query segments ``q_segs`` concatenated, ``k``, ``v``
@@ -84,8 +87,11 @@ def block_forward(q: Array, k: Array, v: Array, q_segs: Segments, kv_segs: Segme
         if all(c == masks.FULL for c, _ in row):
             parts = [_flash(qi, k, v, None, scale)]
         else:
-            parts = [_flash(qi, k[..., ka:kb, :], v[..., ka:kb, :], m, scale)
-                     for (ka, kb), (c, m) in zip(local_ranges(kv_segs), row, strict=True) if c != masks.EMPTY]
+            parts = [
+                _flash(qi, k[..., ka:kb, :], v[..., ka:kb, :], m, scale)
+                for (ka, kb), (c, m) in zip(local_ranges(kv_segs), row, strict=True)
+                if c != masks.EMPTY
+            ]
         if not parts:  # this query segment attends nothing in this block: the merge's neutral part
             o, l = _nothing(q[..., qa:qb, :], k, v)
             outs.append(o)
@@ -98,9 +104,21 @@ def block_forward(q: Array, k: Array, v: Array, q_segs: Segments, kv_segs: Segme
     return xp.concat(outs, axis=-2), xp.concat(lses, axis=-1), computed
 
 
-def block_backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, q_segs: Segments,
-                   kv_segs: Segments, *, causal: bool, scale: float, nq: int,
-                   nk: int) -> tuple[Array, Array, Array] | None:
+def block_backward(
+    dout: Array,
+    q: Array,
+    k: Array,
+    v: Array,
+    out: Array,
+    lse: Array,
+    q_segs: Segments,
+    kv_segs: Segments,
+    *,
+    causal: bool,
+    scale: float,
+    nq: int,
+    nk: int,
+) -> tuple[Array, Array, Array] | None:
     """This block's share of the gradients ``(dq, dk, dv)``, or None when the block was skipped.
 
     ``out`` and ``lse`` are the merged (global) results of this rank's queries, so the
@@ -117,9 +135,12 @@ def block_backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: A
         for (ka, kb), (c, m) in zip(local_ranges(kv_segs), row, strict=True):
             if c == masks.EMPTY:
                 continue
-            g = flash.backward(dout[..., qa:qb, :], _call(q[..., qa:qb, :], k[..., ka:kb, :], v[..., ka:kb, :], m,
-                                                          False, scale, None),
-                               out[..., qa:qb, :], lse[..., qa:qb])
+            g = flash.backward(
+                dout[..., qa:qb, :],
+                _call(q[..., qa:qb, :], k[..., ka:kb, :], v[..., ka:kb, :], m, False, scale, None),
+                out[..., qa:qb, :],
+                lse[..., qa:qb],
+            )
             dq[..., qa:qb, :] += g[0]
             dk[..., ka:kb, :] += g[1]
             dv[..., ka:kb, :] += g[2]

@@ -50,8 +50,10 @@ def resolve(group: Any, what: str) -> Group:
 def require_torch(what: str, **arrays: Any) -> None:
     for name, x in arrays.items():
         if not is_torch(x):
-            raise DTypeError(f"{what} runs on torch tensors over torch.distributed, but {name} is {kind(x)} "
-                             "(qkv.distributed.simulate_ring runs the ring on NumPy arrays in one process)")
+            raise DTypeError(
+                f"{what} runs on torch tensors over torch.distributed, but {name} is {kind(x)} "
+                "(qkv.distributed.simulate_ring runs the ring on NumPy arrays in one process)"
+            )
 
 
 def ring_exchange(g: Group, sends: list[torch.Tensor], first_tag: int = 0) -> tuple[list[torch.Tensor], list[Any]]:

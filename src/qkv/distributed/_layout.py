@@ -49,16 +49,20 @@ def check_global_length(name: str, n: int, world_size: int, layout: str, shape: 
     p = pieces(layout, world_size)
     if n % p:
         how = f"2 · world size = {p} chunks (zigzag layout)" if layout == "zigzag" else f"world size {p} shards"
-        raise ShapeError(f"{name} has N={n} positions on axis -2, which does not divide into {how} "
-                         f"({name}: {shape}); pad the sequence to a multiple of {p}")
+        raise ShapeError(
+            f"{name} has N={n} positions on axis -2, which does not divide into {how} "
+            f"({name}: {shape}); pad the sequence to a multiple of {p}"
+        )
 
 
 def check_shard_length(name: str, n: int, world_size: int, layout: str, shape: tuple[int, ...]) -> None:
     """A rank's shard length ``n`` (axis -2): zigzag shards are two equal chunks, so ``n`` is even."""
     if layout == "zigzag" and n % 2:
-        raise ShapeError(f"{name} has {n} positions on axis -2 on this rank, but a zigzag shard is two equal "
-                         f"chunks, so it must be even ({name}: {shape}, world size {world_size}); pad the "
-                         f"global sequence to a multiple of 2 · world size = {2 * world_size}")
+        raise ShapeError(
+            f"{name} has {n} positions on axis -2 on this rank, but a zigzag shard is two equal "
+            f"chunks, so it must be even ({name}: {shape}, world size {world_size}); pad the "
+            f"global sequence to a multiple of 2 · world size = {2 * world_size}"
+        )
 
 
 def local_ranges(segs: Segments) -> list[tuple[int, int]]:
@@ -73,7 +77,7 @@ def local_ranges(segs: Segments) -> list[tuple[int, int]]:
 def shard(x: Array, rank: int, world_size: int, layout: str) -> Array:
     """Rank ``rank``'s shard of ``x (..., N, D)`` along axis -2 (NumPy or torch; a view when contiguous)."""
     segs = segments(rank, world_size, x.shape[-2], layout)
-    parts = [x[..., s:s + n, :] for s, n in segs]
+    parts = [x[..., s : s + n, :] for s, n in segs]
     return parts[0] if len(parts) == 1 else namespace(x=x).concat(parts, axis=-2)
 
 

@@ -57,8 +57,9 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan) 
     acc: tuple[torch.Tensor, torch.Tensor] | None = None
     for step in range(w):
         pending = ring_exchange(plan.g, kv) if step < w - 1 else None  # overlaps the computation below
-        o, lse, computed = block_forward(qc, _ct(kv[0], ct), _ct(kv[1], ct), plan.q_segs(), plan.kv_segs(step),
-                                         **plan.kw())
+        o, lse, computed = block_forward(
+            qc, _ct(kv[0], ct), _ct(kv[1], ct), plan.q_segs(), plan.kv_segs(step), **plan.kw()
+        )
         if computed:
             acc = (o, lse) if acc is None else merge_attention([acc[0], o], [acc[1], lse])
         if pending is not None:
@@ -69,8 +70,15 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan) 
     return acc[0].to(q.dtype), acc[1]
 
 
-def ring_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                  lse: torch.Tensor, plan: Plan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def ring_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    plan: Plan,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv)`` for this rank's shards; dK/dV accumulators travel the ring with their block."""
     ct = compute_dtype(torch, q)
     qc, doc, oc = _ct(q, ct), _ct(dout, ct), _ct(out, ct)
@@ -80,8 +88,9 @@ def ring_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     dkv = [torch.zeros(k.shape, dtype=ct, device=k.device), torch.zeros(v.shape, dtype=ct, device=v.device)]
     for step in range(w):
         pending = ring_exchange(plan.g, kv) if step < w - 1 else None  # K/V need no gradient: send now
-        g = block_backward(doc, qc, _ct(kv[0], ct), _ct(kv[1], ct), oc, lse, plan.q_segs(), plan.kv_segs(step),
-                           **plan.kw())
+        g = block_backward(
+            doc, qc, _ct(kv[0], ct), _ct(kv[1], ct), oc, lse, plan.q_segs(), plan.kv_segs(step), **plan.kw()
+        )
         if g is not None:
             dq += g[0]
             dkv[0] += g[1]
@@ -110,8 +119,16 @@ class _RingAttention(torch.autograd.Function):
         return (*ring_backward(dout, q, k, v, out, lse, ctx.plan), None)
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group: Any = None, causal: bool = False,
-                   layout: str = "contiguous", scale: float | None = None) -> torch.Tensor:
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    group: Any = None,
+    causal: bool = False,
+    layout: str = "contiguous",
+    scale: float | None = None,
+) -> torch.Tensor:
     """Exact attention over a sequence sharded across the ranks of ``group`` (ring attention).
 
     Every rank passes its shard: ``q (*B, H, Nq/W, Dk)``, ``k (*B, Hkv, Nk/W, Dk)``,

@@ -51,14 +51,21 @@ class RingSimulation(NamedTuple):
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: arrays as nested lists, with ``-inf`` lse as ``None``."""
+
         def clean(v: Any) -> Any:
             if isinstance(v, list):
                 return [clean(e) for e in v]
             return None if isinstance(v, float) and v != v else v
 
-        steps = [{**s._asdict(), **{f: clean(_json(getattr(s, f))) for f in ("out", "lse", "merged_out", "merged_lse")},
-                  "q_segments": [list(p) for p in s.q_segments], "kv_segments": [list(p) for p in s.kv_segments]}
-                 for s in self.steps]
+        steps = [
+            {
+                **s._asdict(),
+                **{f: clean(_json(getattr(s, f))) for f in ("out", "lse", "merged_out", "merged_lse")},
+                "q_segments": [list(p) for p in s.q_segments],
+                "kv_segments": [list(p) for p in s.kv_segments],
+            }
+            for s in self.steps
+        ]
         return {"out": clean(_json(self.out)), "lse": clean(_json(self.lse)), "steps": steps}
 
 
@@ -66,8 +73,16 @@ def _nbytes(x: Array) -> int:
     return int(np.prod(x.shape)) * x.dtype.itemsize
 
 
-def simulate_ring(q: Any, k: Any, v: Any, world_size: int, causal: bool = False, *, layout: str = "contiguous",
-                  scale: float | None = None) -> RingSimulation:
+def simulate_ring(
+    q: Any,
+    k: Any,
+    v: Any,
+    world_size: int,
+    causal: bool = False,
+    *,
+    layout: str = "contiguous",
+    scale: float | None = None,
+) -> RingSimulation:
     """Run ring attention on ``world_size`` virtual ranks in this process, recording each step.
 
     ``q (*B, H, Nq, Dk)``, ``k (*B, Hkv, Nk, Dk)``, ``v (*B, Hkv, Nk, Dv)`` are the *whole*
@@ -104,9 +119,22 @@ def simulate_ring(q: Any, k: Any, v: Any, world_size: int, causal: bool = False,
                 if computed:
                     acc = (o, lse) if acc is None else merge_attention([acc[0], o], [acc[1], lse])
                 cur = (o, lse) if acc is None else acc
-                steps.append(RingStep(rank, step, src, q_segs, kv_segs, not computed,
-                                      allowed_pairs(q_segs, kv_segs, causal, dims.nq, dims.nk), o, lse, cur[0], cur[1],
-                                      _nbytes(kb) + _nbytes(vb) if step < w - 1 else 0))
+                steps.append(
+                    RingStep(
+                        rank,
+                        step,
+                        src,
+                        q_segs,
+                        kv_segs,
+                        not computed,
+                        allowed_pairs(q_segs, kv_segs, causal, dims.nq, dims.nk),
+                        o,
+                        lse,
+                        cur[0],
+                        cur[1],
+                        _nbytes(kb) + _nbytes(vb) if step < w - 1 else 0,
+                    )
+                )
             final = (o, lse) if acc is None else acc
             outs.append(xp.astype(final[0], q.dtype))
             lses.append(final[1][..., None])

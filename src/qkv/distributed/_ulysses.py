@@ -58,8 +58,15 @@ class _HeadToSeq(torch.autograd.Function):
         return seq_to_head(ctx.g, grad), None
 
 
-def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group: Any = None,
-                      causal: bool = False, scale: float | None = None) -> torch.Tensor:
+def ulysses_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    group: Any = None,
+    causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Exact attention over a sequence sharded across ranks, by all-to-all over heads (Ulysses).
 
     Every rank passes its contiguous shard ``q (*B, H, Nq/W, Dk)``, ``k (*B, Hkv, Nk/W, Dk)``,
@@ -79,13 +86,17 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, grou
     if min(x.ndim for x in (q, k, v)) < 3:
         raise ShapeError(f"ulysses_attention shards heads, so q, k, v need a head axis (*B, H, N, D) ({shapes})")
     if not q.shape[:-3] == k.shape[:-3] == v.shape[:-3] or k.shape[-3] != v.shape[-3]:
-        raise ShapeError(f"ulysses_attention needs q, k, v with the same leading axes and k, v with the same "
-                         f"Hkv (no broadcasting across the all-to-all) ({shapes})")
+        raise ShapeError(
+            f"ulysses_attention needs q, k, v with the same leading axes and k, v with the same "
+            f"Hkv (no broadcasting across the all-to-all) ({shapes})"
+        )
     for name, heads, n in (("q", q.shape[-3], "H"), ("k", k.shape[-3], "Hkv")):
         if heads % g.size:
-            raise ShapeError(f"{name} has {n}={heads} heads on axis -3, which does not divide by the world size "
-                             f"{g.size}: Ulysses gives each rank {n} / {g.size} heads ({shapes}); use "
-                             "ring_attention, or a world size that divides the head count")
+            raise ShapeError(
+                f"{name} has {n}={heads} heads on axis -3, which does not divide by the world size "
+                f"{g.size}: Ulysses gives each rank {n} / {g.size} heads ({shapes}); use "
+                "ring_attention, or a world size that divides the head count"
+            )
     if g.size == 1:
         return attention(q, k, v, causal=causal, scale=scale)
     qh, kh, vh = (_SeqToHead.apply(x, g) for x in (q, k, v))

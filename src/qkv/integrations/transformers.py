@@ -28,17 +28,33 @@ from ..errors import ArgumentError, MaskError
 
 IMPLS = ("auto", "reference", "flash", "torch")
 
-IGNORED = frozenset({
-    # bookkeeping the attention itself does not use
-    "position_ids", "output_attentions", "output_hidden_states", "output_router_logits", "num_items_in_batch",
-    "use_cache", "cache_position", "past_key_values", "past_key_value", "position_embeddings", "layer_idx",
-    "return_dict", "token_type_ids",
-    # flash-attention's varlen description of packed sequences; for every other implementation
-    # transformers folds the packing into the mask (from position_ids), which qkv applies
-    "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx",
-    # Mistral-style models pass their window here; the mask function has already built it
-    "sliding_window",
-})
+IGNORED = frozenset(
+    {
+        # bookkeeping the attention itself does not use
+        "position_ids",
+        "output_attentions",
+        "output_hidden_states",
+        "output_router_logits",
+        "num_items_in_batch",
+        "use_cache",
+        "cache_position",
+        "past_key_values",
+        "past_key_value",
+        "position_embeddings",
+        "layer_idx",
+        "return_dict",
+        "token_type_ids",
+        # flash-attention's varlen description of packed sequences; for every other implementation
+        # transformers folds the packing into the mask (from position_ids), which qkv applies
+        "cu_seq_lens_q",
+        "cu_seq_lens_k",
+        "max_length_q",
+        "max_length_k",
+        "seq_idx",
+        # Mistral-style models pass their window here; the mask function has already built it
+        "sliding_window",
+    }
+)
 """Keyword arguments models pass that change nothing here; any other non-None one is refused."""
 
 
@@ -69,19 +85,47 @@ def register(name: str = "qkv", impl: str = "auto") -> str:
 def attention_function(impl: str = "auto") -> Callable[..., tuple[Any, Any]]:
     """The function registered with ``AttentionInterface`` for ``impl`` (one object per impl)."""
 
-    def qkv_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
-                      dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
-                      **kwargs: Any) -> tuple[Any, Any]:
-        return forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                       is_causal=is_causal, impl=impl, **kwargs)
+    def qkv_attention(
+        module: Any,
+        query: Any,
+        key: Any,
+        value: Any,
+        attention_mask: Any,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        is_causal: bool | None = None,
+        **kwargs: Any,
+    ) -> tuple[Any, Any]:
+        return forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            impl=impl,
+            **kwargs,
+        )
 
     qkv_attention.__name__ = qkv_attention.__qualname__ = f"qkv_attention_{impl}"
     return qkv_attention
 
 
-def forward(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *, dropout: float = 0.0,
-            scaling: float | None = None, is_causal: bool | None = None, impl: str = "auto",
-            **kwargs: Any) -> tuple[Any, Any]:
+def forward(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    *,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    impl: str = "auto",
+    **kwargs: Any,
+) -> tuple[Any, Any]:
     """One attention layer of a transformers model, computed by ``qkv.attention``.
 
     query (B, H, Lq, D), key (B, Hkv, Lk, D), value (B, Hkv, Lk, Dv) with ``H % Hkv == 0``
@@ -114,10 +158,16 @@ def forward(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, 
     softcap = kwargs.get("softcap")
     want_weights = _weights_requested(module, kwargs)
     res = attention(
-        query, key, value, mask=mask, causal=bool(causal_flag) and attention_mask is None, scale=scaling,
+        query,
+        key,
+        value,
+        mask=mask,
+        causal=bool(causal_flag) and attention_mask is None,
+        scale=scaling,
         score_mod=None if softcap is None else scores.softcap(softcap),
         dropout=float(dropout) if getattr(module, "training", False) else 0.0,
-        impl=impl, return_weights=want_weights,
+        impl=impl,
+        return_weights=want_weights,
     )
     out, weights = res if want_weights else (res, None)
     return out.transpose(1, 2).contiguous(), weights
@@ -146,15 +196,18 @@ def _qkv_mask(mask: Any, nk: int) -> Any:
     import torch
 
     if mask.ndim != 4:
-        raise MaskError(f"attention_mask has shape {tuple(mask.shape)}; the transformers backend expects the "
-                        "4-D (B, 1 or H, Lq, Lk) mask its mask function builds")
+        raise MaskError(
+            f"attention_mask has shape {tuple(mask.shape)}; the transformers backend expects the "
+            "4-D (B, 1 or H, Lq, Lk) mask its mask function builds"
+        )
     if mask.shape[-1] > nk:  # a mask built for a longer (e.g. static) cache: its first Nk keys are these
         mask = mask[..., :nk]
     if mask.dtype == torch.bool:
         return mask
     if not mask.dtype.is_floating_point:
-        raise MaskError(f"attention_mask has dtype {mask.dtype}; pass a boolean (True = may attend) or float "
-                        "(additive) mask")
+        raise MaskError(
+            f"attention_mask has dtype {mask.dtype}; pass a boolean (True = may attend) or float (additive) mask"
+        )
     hidden = mask <= torch.finfo(mask.dtype).min / 2  # eager masks write finfo.min for "never attend"
     bias = mask.masked_fill(hidden, 0.0)
     if not bool(bias.any()):
@@ -162,9 +215,17 @@ def _qkv_mask(mask: Any, nk: int) -> Any:
     return mask.masked_fill(hidden, -float("inf"))
 
 
-def mask_function(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: int = 0,
-                  mask_function: Callable[..., Any] | None = None, attention_mask: Any = None,
-                  allow_is_causal_skip: bool = True, **kwargs: Any) -> Any:
+def mask_function(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: Any = 0,
+    kv_offset: int = 0,
+    mask_function: Callable[..., Any] | None = None,
+    attention_mask: Any = None,
+    allow_is_causal_skip: bool = True,
+    **kwargs: Any,
+) -> Any:
     """The mask registered with ``AttentionMaskInterface``: boolean ``(B, 1, Lq, Lk)`` or None.
 
     transformers' ``sdpa_mask`` (True = may attend; padding, sliding windows, packed sequences and
@@ -174,6 +235,14 @@ def mask_function(batch_size: int, q_length: int, kv_length: int, q_offset: Any 
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
     skip = bool(allow_is_causal_skip) and (q_length == 1 or q_length == kv_length)
-    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
-                     kv_offset=kv_offset, mask_function=mask_function or causal_mask_function,
-                     attention_mask=attention_mask, allow_is_causal_skip=skip, **kwargs)
+    return sdpa_mask(
+        batch_size=batch_size,
+        q_length=q_length,
+        kv_length=kv_length,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        mask_function=mask_function or causal_mask_function,
+        attention_mask=attention_mask,
+        allow_is_causal_skip=skip,
+        **kwargs,
+    )

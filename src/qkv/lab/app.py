@@ -55,8 +55,14 @@ def create_app(max_n: int = 128, *, limits: Limits | None = None, max_steps: int
         yield
         manager.stop_all()  # a server shutting down ends its training threads
 
-    app = FastAPI(title="qkv lab", version=__version__, lifespan=lifespan, docs_url="/api/docs",
-                  redoc_url=None, openapi_url="/api/openapi.json")
+    app = FastAPI(
+        title="qkv lab",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url="/api/docs",
+        redoc_url=None,
+        openapi_url="/api/openapi.json",
+    )
     app.state.limits, app.state.training = lim, manager
 
     @app.exception_handler(RequestValidationError)
@@ -68,8 +74,7 @@ def create_app(max_n: int = 128, *, limits: Limits | None = None, max_steps: int
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
         # FastAPI's own refusals (a body it cannot parse, e.g. nested too deep: 400; an unknown path)
         message = str(exc.detail)
-        return JSONResponse({"detail": message, "message": message}, status_code=exc.status_code,
-                            headers=exc.headers)
+        return JSONResponse({"detail": message, "message": message}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(LabError)
     async def _refused(request: Request, exc: LabError) -> JSONResponse:

@@ -20,13 +20,17 @@ def _free_port(host: str) -> int:
 
 
 def lab_command(
-    host: Annotated[str, typer.Option("--host", help="interface to bind; the default serves this machine only")]
-    = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option("--host", help="interface to bind; the default serves this machine only")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="port; 0 picks a free one")] = 8765,
     open_browser: Annotated[bool, typer.Option("--open", help="open the lab in a web browser")] = False,
-    max_n: Annotated[int, typer.Option("--max-n", min=2, max=1024,
-                                       help="largest sequence length on the Explain, Heatmap and Positional pages")]
-    = 128,
+    max_n: Annotated[
+        int,
+        typer.Option(
+            "--max-n", min=2, max=1024, help="largest sequence length on the Explain, Heatmap and Positional pages"
+        ),
+    ] = 128,
     json_out: Annotated[bool, typer.Option("--json", help='print {"url": ...} as JSON once serving')] = False,
 ) -> None:
     """Start the qkv lab, a local web app: Explain, Heatmap, Positional encodings, Complexity, Training.
@@ -45,8 +49,9 @@ def lab_command(
         port = _free_port(host)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}/"
-    config = uvicorn.Config(create_app(max_n=max_n), host=host, port=port, log_level="warning",
-                            timeout_graceful_shutdown=2)
+    config = uvicorn.Config(
+        create_app(max_n=max_n), host=host, port=port, log_level="warning", timeout_graceful_shutdown=2
+    )
     server = uvicorn.Server(config)
 
     def announce() -> None:

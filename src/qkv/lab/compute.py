@@ -58,10 +58,20 @@ def _overflowed(what: str, fix: str) -> LabError:
 
 def mask_kinds() -> dict[str, Any]:
     """The mask kinds and their parameters (type, default, help) for the pages' controls."""
-    return {"kinds": list(MASK_KINDS), "params": {
-        kind: {name: {"type": p.type, "default": list(p.default) if isinstance(p.default, tuple) else p.default,
-                      "help": p.help} for name, p in params.items()}
-        for kind, params in MASK_PARAMS.items()}}
+    return {
+        "kinds": list(MASK_KINDS),
+        "params": {
+            kind: {
+                name: {
+                    "type": p.type,
+                    "default": list(p.default) if isinstance(p.default, tuple) else p.default,
+                    "help": p.help,
+                }
+                for name, p in params.items()
+            }
+            for kind, params in MASK_PARAMS.items()
+        },
+    }
 
 
 def explain(req: ExplainRequest, limits: Limits) -> dict[str, Any]:
@@ -71,8 +81,9 @@ def explain(req: ExplainRequest, limits: Limits) -> dict[str, Any]:
     if given:
         missing = [n for n in ("q", "k", "v") if n not in given]
         if missing:
-            raise LabError(f"give q, k and v together (missing: {', '.join(missing)}), or none of them for the "
-                           "worked example")
+            raise LabError(
+                f"give q, k and v together (missing: {', '.join(missing)}), or none of them for the worked example"
+            )
         arrays = [np.asarray(given[n], dtype=np.float64) for n in ("q", "k", "v")]
         for name, a in zip("qkv", arrays, strict=True):
             _at_most(a.shape[0], limits.max_n, f"the number of rows (positions) of {name}", "--max-n")
@@ -84,8 +95,9 @@ def explain(req: ExplainRequest, limits: Limits) -> dict[str, Any]:
         trace = qkv.explain(*arrays, mask=mask, causal=req.causal, scale=req.scale, grad=req.grad)
     # NaN is never a meaningful value of a step (−∞ is: a hidden key); it comes from scores that overflow
     if any(np.isnan(np.asarray(step.value, dtype=np.float64)).any() for step in trace):
-        raise _overflowed("the scores Q Kᵀ · scale (or their gradients)", "use smaller numbers in q and k, or a "
-                          "smaller scale")
+        raise _overflowed(
+            "the scores Q Kᵀ · scale (or their gradients)", "use smaller numbers in q and k, or a smaller scale"
+        )
     return trace.to_dict()
 
 
@@ -104,20 +116,29 @@ def heatmap(req: HeatmapRequest, limits: Limits) -> dict[str, Any]:
     mod = None if req.temperature == 1.0 else scores.temperature(req.temperature)
     with mask_errors(req.mask, req.mask_params), np.errstate(all="ignore"):
         mask = build_mask(req.mask, n_q, n_k, **req.mask_params)
-        _, w = qkv.attention(q, k, v, mask=mask, scale=req.scale, score_mod=mod, impl="reference",
-                             return_weights=True)
+        _, w = qkv.attention(q, k, v, mask=mask, scale=req.scale, score_mod=mod, impl="reference", return_weights=True)
         dense = None if mask is None else np.broadcast_to(mask.dense(n_q, n_k), (n_q, n_k))
     if np.isnan(w).any():
-        raise _overflowed(f"the scores (scale={req.scale}, temperature={req.temperature})",
-                          "use a smaller scale or a larger temperature")
+        raise _overflowed(
+            f"the scores (scale={req.scale}, temperature={req.temperature})",
+            "use a smaller scale or a larger temperature",
+        )
     ent = diagnostics.entropy(w, mask=dense)
     return {
-        "n_q": n_q, "n_k": n_k, "d": req.d, "heads": req.heads, "seed": req.seed,
-        "scale": float(1 / np.sqrt(req.d)) if req.scale is None else req.scale, "temperature": req.temperature,
-        "mask": req.mask, "mask_name": None if mask is None else mask.name,
+        "n_q": n_q,
+        "n_k": n_k,
+        "d": req.d,
+        "heads": req.heads,
+        "seed": req.seed,
+        "scale": float(1 / np.sqrt(req.d)) if req.scale is None else req.scale,
+        "temperature": req.temperature,
+        "mask": req.mask,
+        "mask_name": None if mask is None else mask.name,
         "allowed": None if dense is None else dense.astype(int).tolist(),
-        "weights": _rounded(w), "row_sums": _rounded(w.sum(-1)),
-        "entropy": _rounded(ent.nats), "entropy_normalised": _rounded(ent.normalised),
+        "weights": _rounded(w),
+        "row_sums": _rounded(w.sum(-1)),
+        "entropy": _rounded(ent.nats),
+        "entropy_normalised": _rounded(ent.normalised),
     }
 
 
@@ -136,8 +157,12 @@ def positional_view(req: PositionalRequest, limits: Limits, learned: np.ndarray 
     out: dict[str, Any] = {"kind": req.kind, "n": req.n, "d": req.d, "base": req.base}
     if req.kind == "sinusoidal":
         table = positional.sinusoidal(req.n, req.d, base=req.base)
-        out.update(table=_rounded(table), similarity=_rounded(table @ table.T), table_label="PE[pos, i]",
-                   similarity_label="PE[m] · PE[n]")
+        out.update(
+            table=_rounded(table),
+            similarity=_rounded(table @ table.T),
+            table_label="PE[pos, i]",
+            similarity_label="PE[m] · PE[n]",
+        )
     elif req.kind == "rope":
         if req.d % 2:
             raise LabError(f"RoPE pairs feature c with c + d/2, so d must be even, got d={req.d}")
@@ -151,22 +176,37 @@ def positional_view(req: PositionalRequest, limits: Limits, learned: np.ndarray 
         rng = np.random.default_rng(req.seed)
         x = rng.standard_normal((2, 1, req.d)).repeat(req.n, axis=1)
         qr, kr = positional.rope(x, base=req.base)
-        out.update(table=_rounded(np.unwrap(angles.T, axis=0)), similarity=_rounded(qr @ kr.T),
-                   table_label="θ[pos, c] (radians)", similarity_label="rope(q, m) · rope(k, n)")
+        out.update(
+            table=_rounded(np.unwrap(angles.T, axis=0)),
+            similarity=_rounded(qr @ kr.T),
+            table_label="θ[pos, c] (radians)",
+            similarity_label="rope(q, m) · rope(k, n)",
+        )
     elif req.kind == "alibi":
         _at_most(req.heads, limits.max_heads, "heads")
         z = np.zeros((req.heads, req.n, 1))
         trace = qkv.explain(z, z, z, score_mod=scores.alibi(n_heads=req.heads), causal=req.causal, scale=1.0)
         # the scores are 0, so what is left is the bias (−∞ where the causal mask hides a key)
         biases = trace["S_masked" if req.causal else "S_mod"].value
-        out.update(slopes=_rounded(positional.alibi_slopes(req.heads)), biases=_rounded(biases),
-                   heads=req.heads, causal=req.causal)
+        out.update(
+            slopes=_rounded(positional.alibi_slopes(req.heads)),
+            biases=_rounded(biases),
+            heads=req.heads,
+            causal=req.causal,
+        )
     else:
         if learned is None:
-            raise LabError("no learned positional table yet: train a model with pos='learned' on the Training "
-                           "page first", status=409)
+            raise LabError(
+                "no learned positional table yet: train a model with pos='learned' on the Training page first",
+                status=409,
+            )
         table = learned[: req.n]
-        out.update(n=int(table.shape[0]), d=int(table.shape[1]), table=_rounded(table),
-                   similarity=_rounded(_similarity(table)), table_label="P[pos, i] (trained)",
-                   similarity_label="cos(P[m], P[n])")
+        out.update(
+            n=int(table.shape[0]),
+            d=int(table.shape[1]),
+            table=_rounded(table),
+            similarity=_rounded(_similarity(table)),
+            table_label="P[pos, i] (trained)",
+            similarity_label="cos(P[m], P[n])",
+        )
     return out

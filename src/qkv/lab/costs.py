@@ -25,9 +25,19 @@ def _estimate(req: ComplexityRequest, n: int, n_k: int | None = None) -> complex
     nk = n if n_k is None else n_k
     with mask_errors(req.mask, req.mask_params):
         mask = build_mask(req.mask, n, nk, **req.mask_params)
-        return complexity.estimate(n, nk, d_k=req.d, d_v=req.d_v, heads=req.heads, kv_heads=req.kv_heads,
-                                   batch=req.batch, dtype=req.dtype, impl=req.impl, mask=mask,
-                                   backward=req.backward)
+        return complexity.estimate(
+            n,
+            nk,
+            d_k=req.d,
+            d_v=req.d_v,
+            heads=req.heads,
+            kv_heads=req.kv_heads,
+            batch=req.batch,
+            dtype=req.dtype,
+            impl=req.impl,
+            mask=mask,
+            backward=req.backward,
+        )
 
 
 def _sizes(n: int, limit: int) -> list[int]:
@@ -42,12 +52,16 @@ def estimate(req: ComplexityRequest, limits: Limits) -> dict[str, Any]:
     the series keeps ``n_k / n_q`` fixed as N grows."""
     for name, value in (("n", req.n), ("n_k", req.n_k)):
         if value is not None and value > limits.max_complexity_n:
-            raise LabError(f"{name} is {value}, above the lab's limit of {limits.max_complexity_n} for the "
-                           "calculator (use `qkv complexity` on the command line for larger sizes)")
+            raise LabError(
+                f"{name} is {value}, above the lab's limit of {limits.max_complexity_n} for the "
+                "calculator (use `qkv complexity` on the command line for larger sizes)"
+            )
         # qkv counts BigBird's random blocks over the whole (Nq, Nk) grid: seconds at 8192, minutes at 65536
         if req.mask == "bigbird" and value is not None and value > limits.max_complexity_n_bigbird:
-            raise LabError(f"{name} is {value}, above the lab's limit of {limits.max_complexity_n_bigbird} for the "
-                           "calculator with the bigbird mask (counting its random blocks grows as N²)")
+            raise LabError(
+                f"{name} is {value}, above the lab's limit of {limits.max_complexity_n_bigbird} for the "
+                "calculator with the bigbird mask (counting its random blocks grows as N²)"
+            )
     top = limits.max_complexity_n_bigbird if req.mask == "bigbird" else limits.max_complexity_n
     one = _estimate(req, req.n, req.n_k)
     ratio = 1.0 if req.n_k is None else req.n_k / req.n
@@ -55,8 +69,15 @@ def estimate(req: ComplexityRequest, limits: Limits) -> dict[str, Any]:
     for n in _sizes(req.n, top):
         n_k = max(1, min(top, round(n * ratio)))
         e = one if n == req.n else _estimate(req, n, None if req.n_k is None else n_k)
-        series.append({"n": n, "flops": e.flops, "score_bytes": e.score_bytes, "peak_bytes": e.peak_bytes,
-                       "kv_cache_bytes": e.kv_cache_bytes})
+        series.append(
+            {
+                "n": n,
+                "flops": e.flops,
+                "score_bytes": e.score_bytes,
+                "peak_bytes": e.peak_bytes,
+                "kv_cache_bytes": e.kv_cache_bytes,
+            }
+        )
     return {"estimate": one.to_dict(), "series": series}
 
 
@@ -81,10 +102,12 @@ def measure(req: ComplexityRequest, limits: Limits) -> dict[str, Any]:
     e = _estimate(req, req.n, req.n_k)
     work = e.input_bytes + e.output_bytes + e.peak_bytes
     if max(req.n, n_k) > limits.measure_max_n or e.flops > limits.measure_flops or work > limits.measure_bytes:
-        raise LabError(f"measure runs only calls that take about a second: N <= {limits.measure_max_n}, at most "
-                       f"{limits.measure_flops:.3g} FLOPs and {limits.measure_bytes / 1e6:.0f} MB; this one is "
-                       f"N={max(req.n, n_k)}, {e.flops:.3g} FLOPs, {work / 1e6:.0f} MB (make N, heads or batch "
-                       "smaller)")
+        raise LabError(
+            f"measure runs only calls that take about a second: N <= {limits.measure_max_n}, at most "
+            f"{limits.measure_flops:.3g} FLOPs and {limits.measure_bytes / 1e6:.0f} MB; this one is "
+            f"N={max(req.n, n_k)}, {e.flops:.3g} FLOPs, {work / 1e6:.0f} MB (make N, heads or batch "
+            "smaller)"
+        )
     torch_inputs = req.impl == "torch" or req.dtype == "bfloat16" or req.backward
     if torch_inputs:
         try:
@@ -105,6 +128,12 @@ def measure(req: ComplexityRequest, limits: Limits) -> dict[str, Any]:
                 out.sum().backward()
 
         t = timed(call, warmup=1, repeats=3)
-    return {"seconds": t.median, "iqr": t.iqr, "samples": list(t.samples), "flops": e.flops,
-            "gflops_per_s": e.flops / t.median / 1e9 if t.median > 0 else None, "estimate": e.to_dict(),
-            "arrays": "torch" if torch_inputs else "numpy"}
+    return {
+        "seconds": t.median,
+        "iqr": t.iqr,
+        "samples": list(t.samples),
+        "flops": e.flops,
+        "gflops_per_s": e.flops / t.median / 1e9 if t.median > 0 else None,
+        "estimate": e.to_dict(),
+        "arrays": "torch" if torch_inputs else "numpy",
+    }

@@ -81,8 +81,9 @@ def build_router(limits: Limits, manager: TrainingManager) -> APIRouter:
         return compute.heatmap(req, limits)
 
     @api.post("/positional", responses={**_INVALID, **_BUSY})
-    def post_positional(req: PositionalRequest, response: Response, client: ClientParam = None,
-                        cookie: ClientCookie = None) -> dict[str, Any]:
+    def post_positional(
+        req: PositionalRequest, response: Response, client: ClientParam = None, cookie: ClientCookie = None
+    ) -> dict[str, Any]:
         """A positional encoding's table and similarity (ALiBi: biases per head)."""
         learned = None
         if req.kind == "learned":
@@ -100,8 +101,9 @@ def build_router(limits: Limits, manager: TrainingManager) -> APIRouter:
         return costs.measure(req, limits)
 
     @api.post("/train/start", responses={**_INVALID, **_BUSY})
-    def post_train_start(req: TrainRequest, response: Response, client: ClientParam = None,
-                         cookie: ClientCookie = None) -> dict[str, Any]:
+    def post_train_start(
+        req: TrainRequest, response: Response, client: ClientParam = None, cookie: ClientCookie = None
+    ) -> dict[str, Any]:
         """Start a training run for this client (409 if one is going)."""
         name = client_id(response, client, cookie)
         run = manager.start(name, req)
@@ -124,9 +126,13 @@ def build_router(limits: Limits, manager: TrainingManager) -> APIRouter:
         return {"run": None, "status": "none"} if run is None else run.summary()
 
     @api.get("/train/events", responses={**_INVALID, **_UNKNOWN})
-    async def get_train_events(request: Request, client: ClientParam = None, cookie: ClientCookie = None,
-                               since: Annotated[int, Query(ge=0)] = 0,
-                               last_event_id: Annotated[str | None, Header()] = None) -> StreamingResponse:
+    async def get_train_events(
+        request: Request,
+        client: ClientParam = None,
+        cookie: ClientCookie = None,
+        since: Annotated[int, Query(ge=0)] = 0,
+        last_event_id: Annotated[str | None, Header()] = None,
+    ) -> StreamingResponse:
         """Server-sent events of this client's latest run from event ``since``; ends with the run.
         A client that goes away (closes the page) stops the run."""
         run = manager.get(_known_client(client, cookie))
@@ -156,7 +162,8 @@ def build_router(limits: Limits, manager: TrainingManager) -> APIRouter:
                 if not ended:
                     run.stop()  # the page went away: nobody is watching this run
 
-        return StreamingResponse(stream(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
 
     return api

@@ -104,8 +104,10 @@ class ExplainRequest(MaskSpec):
             raise ValueError(f"{name} must be a non-empty matrix (a list of rows of numbers), got {m!r}")
         for i, row in enumerate(m):
             if len(row) != len(m[0]):
-                raise ValueError(f"row {i} has {len(row)} numbers but row 0 has {len(m[0])} (ragged: every row "
-                                 f"of {name} needs the same length)")
+                raise ValueError(
+                    f"row {i} has {len(row)} numbers but row 0 has {len(m[0])} (ragged: every row "
+                    f"of {name} needs the same length)"
+                )
         return m
 
 

@@ -58,11 +58,16 @@ class Run:
         """Everything recorded so far: the scrubber's data."""
         steps = [e for e in self.events_since(0) if e["type"] == "step"]
         end = self.events[-1] if self.finished else None
-        return {"run": self.id, "status": self.status, "params": self.req.model_dump(),
-                "probe": None if end is None else end.get("probe"), "loss": [e["loss"] for e in steps],
-                "accuracy": [e["accuracy"] for e in steps],
-                "attention": [{"step": e["step"], "weights": e["attention"]} for e in steps if "attention" in e],
-                "end": end}
+        return {
+            "run": self.id,
+            "status": self.status,
+            "params": self.req.model_dump(),
+            "probe": None if end is None else end.get("probe"),
+            "loss": [e["loss"] for e in steps],
+            "accuracy": [e["accuracy"] for e in steps],
+            "attention": [{"step": e["step"], "weights": e["attention"]} for e in steps if "attention" in e],
+            "end": end,
+        }
 
 
 def _maps(weights: list[np.ndarray]) -> list[Any]:
@@ -110,17 +115,22 @@ class TrainingManager:
         with self._lock:
             current = self._runs.get(client)
             if current is not None and not current.finished:
-                raise LabError(f"a training run ({current.id}) is already going for this client; stop it first "
-                               "(POST /api/train/stop) or wait for it to finish", status=409)
+                raise LabError(
+                    f"a training run ({current.id}) is already going for this client; stop it first "
+                    "(POST /api/train/stop) or wait for it to finish",
+                    status=409,
+                )
             busy = sum(not r.finished for r in self._runs.values())
             if busy >= self.max_runs:
-                raise LabError(f"the lab is already running {busy} trainings (its limit); try again when one "
-                               "finishes", status=409)
+                raise LabError(
+                    f"the lab is already running {busy} trainings (its limit); try again when one finishes", status=409
+                )
             run = Run(next(self._ids), client, req)
             run.emit({"type": "queued", "params": req.model_dump()})
             self._runs[client] = run
-        run.thread = threading.Thread(target=self._train, args=(run, target), name=f"qkv-lab-train-{run.id}",
-                                      daemon=True)
+        run.thread = threading.Thread(
+            target=self._train, args=(run, target), name=f"qkv-lab-train-{run.id}", daemon=True
+        )
         run.thread.start()
         return run
 
@@ -152,26 +162,57 @@ class TrainingManager:
             every = req.record_every or max(1, req.steps // 25)
 
             def callback(info: dict[str, Any]) -> bool:
-                event: dict[str, Any] = {"type": "step", "step": info["step"], "loss": _finite(info["loss"]),
-                                         "accuracy": _finite(info["accuracy"])}
+                event: dict[str, Any] = {
+                    "type": "step",
+                    "step": info["step"],
+                    "loss": _finite(info["loss"]),
+                    "accuracy": _finite(info["accuracy"]),
+                }
                 if "attention" in info:
                     event["attention"] = _maps(info["attention"])
                 run.emit(event)
                 return not run.stop_requested.is_set()
 
             fn = target or train
-            run.emit({"type": "start", "total": req.steps, "record_every": every, "task": req.task,
-                      "description": task.description, "length": length, "layers": req.n_layers,
-                      "heads": req.n_heads})
-            history = fn(req.task, req.steps, length=length, batch_size=req.batch_size, lr=req.lr,
-                         d_model=req.d_model, n_heads=req.n_heads, n_layers=req.n_layers, pos=req.pos,
-                         record_every=every, eval_size=128, callback=callback, seed=req.seed)
+            run.emit(
+                {
+                    "type": "start",
+                    "total": req.steps,
+                    "record_every": every,
+                    "task": req.task,
+                    "description": task.description,
+                    "length": length,
+                    "layers": req.n_layers,
+                    "heads": req.n_heads,
+                }
+            )
+            history = fn(
+                req.task,
+                req.steps,
+                length=length,
+                batch_size=req.batch_size,
+                lr=req.lr,
+                d_model=req.d_model,
+                n_heads=req.n_heads,
+                n_layers=req.n_layers,
+                pos=req.pos,
+                record_every=every,
+                eval_size=128,
+                callback=callback,
+                seed=req.seed,
+            )
             model = history.model
             if req.pos == "learned" and model is not None:
                 with self._lock:
                     self._learned[run.client] = model.pe.weight.detach().double().numpy().copy()
-            run.emit({"type": "stopped" if run.stop_requested.is_set() else "done",
-                      "steps": len(history.loss), "probe": None if history.probe is None else history.probe.tolist(),
-                      "eval_accuracy": _finite(history.eval_accuracy), "eval_exact": _finite(history.eval_exact)})
+            run.emit(
+                {
+                    "type": "stopped" if run.stop_requested.is_set() else "done",
+                    "steps": len(history.loss),
+                    "probe": None if history.probe is None else history.probe.tolist(),
+                    "eval_accuracy": _finite(history.eval_accuracy),
+                    "eval_exact": _finite(history.eval_exact),
+                }
+            )
         except Exception as e:  # the thread must always end its stream
             run.emit({"type": "error", "message": f"{type(e).__name__}: {e}"})

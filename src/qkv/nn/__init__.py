@@ -28,7 +28,15 @@ from .transformer import TransformerDecoder as TransformerDecoder
 from .transformer import TransformerEncoder as TransformerEncoder
 
 __all__ = [
-    "AdditiveAttention", "GeneralAttention", "KVCache", "LearnedPositionalEncoding", "MultiHeadAttention",
-    "SinusoidalPositionalEncoding", "TinyGPT", "TransformerBlock", "TransformerDecoder", "TransformerEncoder",
+    "AdditiveAttention",
+    "GeneralAttention",
+    "KVCache",
+    "LearnedPositionalEncoding",
+    "MultiHeadAttention",
+    "SinusoidalPositionalEncoding",
+    "TinyGPT",
+    "TransformerBlock",
+    "TransformerDecoder",
+    "TransformerEncoder",
     "mask_from_torch",
 ]

@@ -19,11 +19,14 @@ def copy_torch_mha(cls: Any, m: nn.MultiheadAttention) -> Any:
     if not isinstance(m, nn.MultiheadAttention):
         raise ArgumentError(f"from_torch needs a torch.nn.MultiheadAttention, got {type(m).__name__}")
     if m.bias_k is not None or m.add_zero_attn:
-        raise ArgumentError("from_torch cannot copy a MultiheadAttention built with add_bias_kv=True or "
-                            "add_zero_attn=True (they append extra key positions qkv does not model)")
+        raise ArgumentError(
+            "from_torch cannot copy a MultiheadAttention built with add_bias_kv=True or "
+            "add_zero_attn=True (they append extra key positions qkv does not model)"
+        )
     if m.kdim != m.vdim:
-        raise ArgumentError(f"from_torch needs kdim == vdim (one context for keys and values), got kdim={m.kdim}, "
-                            f"vdim={m.vdim}")
+        raise ArgumentError(
+            f"from_torch needs kdim == vdim (one context for keys and values), got kdim={m.kdim}, vdim={m.vdim}"
+        )
     w = m.out_proj.weight
     new = cls(m.embed_dim, m.num_heads, bias=m.in_proj_bias is not None, dropout=m.dropout)
     if m.kdim != m.embed_dim:
@@ -47,8 +50,9 @@ def copy_torch_mha(cls: Any, m: nn.MultiheadAttention) -> Any:
     return new.train(m.training)
 
 
-def mask_from_torch(attn_mask: Tensor | None = None, key_padding_mask: Tensor | None = None,
-                    n_heads: int | None = None) -> Tensor | None:
+def mask_from_torch(
+    attn_mask: Tensor | None = None, key_padding_mask: Tensor | None = None, n_heads: int | None = None
+) -> Tensor | None:
     """torch ``MultiheadAttention`` masks -> one qkv mask (boolean True = may attend, or a float bias).
 
     - ``attn_mask (Nq, Nk)`` or ``(B · H, Nq, Nk)`` (then pass ``n_heads``): boolean ``True`` =
@@ -63,8 +67,10 @@ def mask_from_torch(attn_mask: Tensor | None = None, key_padding_mask: Tensor | 
         a = attn_mask
         if a.ndim == 3:
             if n_heads is None or a.shape[0] % n_heads:
-                raise MaskError(f"attn_mask has shape {tuple(a.shape)} (B · H, Nq, Nk); pass n_heads so that "
-                                f"axis 0 splits into (B, H), got n_heads={n_heads}")
+                raise MaskError(
+                    f"attn_mask has shape {tuple(a.shape)} (B · H, Nq, Nk); pass n_heads so that "
+                    f"axis 0 splits into (B, H), got n_heads={n_heads}"
+                )
             a = a.view(a.shape[0] // n_heads, n_heads, *a.shape[1:])
         elif a.ndim != 2:
             raise MaskError(f"attn_mask must be (Nq, Nk) or (B · H, Nq, Nk), got shape {tuple(a.shape)}")

@@ -45,8 +45,7 @@ def check_features(x: Any, name: str, d: int) -> None:
     if not is_torch(x):
         raise ArgumentError(f"{name} must be a torch.Tensor of shape (B, N, {d}), got {type(x).__name__}")
     if x.ndim != 3 or x.shape[-1] != d:
-        raise ShapeError(f"{name} must have shape (B, N, {d}) with {d} features on its last axis, "
-                         f"got {tuple(x.shape)}")
+        raise ShapeError(f"{name} must have shape (B, N, {d}) with {d} features on its last axis, got {tuple(x.shape)}")
 
 
 class MultiHeadAttention(nn.Module):
@@ -56,8 +55,17 @@ class MultiHeadAttention(nn.Module):
     the weights applies only in training mode. ``impl`` is passed to ``qkv.attention``.
     """
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, d_k: int | None = None,
-                 bias: bool = True, dropout: float = 0.0, pos: str | None = None, impl: str = "auto") -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        d_k: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        pos: str | None = None,
+        impl: str = "auto",
+    ) -> None:
         super().__init__()
         for name, value in (("d_model", d_model), ("n_heads", n_heads)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -86,8 +94,15 @@ class MultiHeadAttention(nn.Module):
         check_features(source, "context", self.k_proj.in_features)
         return split_heads(self.k_proj(source), self.hkv), split_heads(self.v_proj(source), self.hkv)
 
-    def forward(self, x: Tensor, context: Tensor | None = None, mask: Any = None, causal: bool = False,
-                cache: KVCache | None = None, need_weights: bool = False) -> Any:
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        mask: Any = None,
+        causal: bool = False,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> Any:
         """``out (B, Nq, d_model)``, or ``(out, weights (B, H, Nq, Nk))`` with ``need_weights=True``.
 
         Self-attention when ``context`` is None, cross-attention to ``context`` otherwise.
@@ -108,12 +123,22 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.append(self, k, v)
         else:
             if self.pos is not None:
-                raise ArgumentError(f"pos={self.pos!r} describes positions within one sequence, but context was "
-                                    "given (cross-attention); build the cross-attention module with pos=None")
+                raise ArgumentError(
+                    f"pos={self.pos!r} describes positions within one sequence, but context was "
+                    "given (cross-attention); build the cross-attention module with pos=None"
+                )
             k, v = self.kv(context) if cache is None else cache.cross(self, context, self.kv)
-        res = attention(q, k, v, mask=mask, causal=causal, score_mod=self._alibi,
-                        dropout=self.dropout if self.training else 0.0, impl=self.impl,
-                        return_weights=need_weights)
+        res = attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            causal=causal,
+            score_mod=self._alibi,
+            dropout=self.dropout if self.training else 0.0,
+            impl=self.impl,
+            return_weights=need_weights,
+        )
         out, weights = res if need_weights else (res, None)
         out = self.out_proj(merge_heads(out))
         return (out, weights) if need_weights else out
@@ -133,5 +158,7 @@ class MultiHeadAttention(nn.Module):
         return copy_torch_mha(cls, m)
 
     def extra_repr(self) -> str:
-        return (f"d_model={self.d_model}, n_heads={self.h}, n_kv_heads={self.hkv}, d_k={self.d_k}, "
-                f"pos={self.pos!r}, dropout={self.dropout}, impl={self.impl!r}")
+        return (
+            f"d_model={self.d_model}, n_heads={self.h}, n_kv_heads={self.hkv}, d_k={self.d_k}, "
+            f"pos={self.pos!r}, dropout={self.dropout}, impl={self.impl!r}"
+        )

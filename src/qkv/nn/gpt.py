@@ -24,8 +24,16 @@ POS = ("rope", "alibi", "sinusoidal", "learned")
 class TinyGPT(nn.Module):
     """``forward(idx (B, N)) -> logits (B, N, vocab_size)``; ``generate`` appends tokens."""
 
-    def __init__(self, vocab_size: int, d_model: int = 64, n_heads: int = 4, n_layers: int = 2, max_len: int = 256,
-                 n_kv_heads: int | None = None, pos: str = "rope") -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int = 64,
+        n_heads: int = 4,
+        n_layers: int = 2,
+        max_len: int = 256,
+        n_kv_heads: int | None = None,
+        pos: str = "rope",
+    ) -> None:
         super().__init__()
         if pos not in POS:
             raise ArgumentError(f"pos must be one of {list(POS)}, got {pos!r}")
@@ -49,14 +57,18 @@ class TinyGPT(nn.Module):
         if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
             raise DTypeError(f"idx must hold integer token ids, got dtype {idx.dtype}")
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.vocab_size):
-            raise ArgumentError(f"token ids must lie in [0, vocab_size={self.vocab_size}), got ids from "
-                                f"{int(idx.min())} to {int(idx.max())}")
+            raise ArgumentError(
+                f"token ids must lie in [0, vocab_size={self.vocab_size}), got ids from "
+                f"{int(idx.min())} to {int(idx.max())}"
+            )
         first, last = offset, offset + idx.shape[1] + new - 1
         if self.pe is not None and last >= self.max_len:
             what = f"generating {new} tokens after {idx.shape[1]} needs" if new else "this call needs"
-            raise ArgumentError(f"TinyGPT(pos={self.pos!r}, max_len={self.max_len}) has positions 0 .. "
-                                f"{self.max_len - 1}, but {what} positions {first} .. {last}; "
-                                "use a larger max_len, or pos='rope' / 'alibi', which have no limit")
+            raise ArgumentError(
+                f"TinyGPT(pos={self.pos!r}, max_len={self.max_len}) has positions 0 .. "
+                f"{self.max_len - 1}, but {what} positions {first} .. {last}; "
+                "use a larger max_len, or pos='rope' / 'alibi', which have no limit"
+            )
 
     def forward(self, idx: Tensor, need_weights: bool = False, cache: KVCache | None = None) -> Any:
         """``logits (B, N, vocab_size)``, or ``(logits, [weights (B, H, N, Nk) per layer])``.
@@ -78,8 +90,14 @@ class TinyGPT(nn.Module):
         return (logits, weights) if need_weights else logits
 
     @torch.no_grad()
-    def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 0.0, use_cache: bool = True,
-                 generator: torch.Generator | None = None) -> Tensor:
+    def generate(
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
         """``idx (B, N)`` with ``max_new_tokens`` tokens appended, ``(B, N + max_new_tokens)``.
 
         ``temperature=0`` picks the most likely token (greedy); ``> 0`` samples from

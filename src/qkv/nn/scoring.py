@@ -28,8 +28,9 @@ def _attend(scores: Tensor, values: Tensor, mask: Any, need_weights: bool) -> An
     """``softmax(scores, masked) @ values``; ``mask``: bool (True = may attend), float bias or ``Mask``."""
     nq, nk = scores.shape[-2:]
     if values.ndim < 2 or values.shape[-2] != nk:
-        raise ShapeError(f"values must be (..., Nk, Dv) with Nk={nk} (the number of keys) on axis -2, "
-                         f"got {tuple(values.shape)}")
+        raise ShapeError(
+            f"values must be (..., Nk, Dv) with Nk={nk} (the number of keys) on axis -2, got {tuple(values.shape)}"
+        )
     if mask is not None:
         if isinstance(mask, Mask):
             mask = from_numpy(mask.dense(nq, nk), scores)
@@ -67,8 +68,7 @@ class AdditiveAttention(nn.Module):
         self.w_k = _uniform((d_attn, d_key), d_key)
         self.v = _uniform((d_attn,), d_attn)
 
-    def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Any = None,
-                need_weights: bool = False) -> Any:
+    def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Any = None, need_weights: bool = False) -> Any:
         """``out (..., Nq, Dv)``, or ``(out, weights (..., Nq, Nk))`` with ``need_weights=True``."""
         return _attend(additive(query, keys, self.w_q, self.w_k, self.v), values, mask, need_weights)
 
@@ -80,7 +80,6 @@ class GeneralAttention(nn.Module):
         super().__init__()
         self.w = _uniform((d_query, d_key), d_key)
 
-    def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Any = None,
-                need_weights: bool = False) -> Any:
+    def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Any = None, need_weights: bool = False) -> Any:
         """``out (..., Nq, Dv)``, or ``(out, weights (..., Nq, Nk))`` with ``need_weights=True``."""
         return _attend(general(query, keys, self.w), values, mask, need_weights)

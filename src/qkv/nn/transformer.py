@@ -22,8 +22,17 @@ NORMS = ("pre", "post")
 class TransformerBlock(nn.Module):
     """Self-attention, optional cross-attention, feed-forward (``d_model -> d_ff -> d_model``, GELU)."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, n_kv_heads: int | None = None, norm: str = "pre",
-                 dropout: float = 0.0, cross: bool = False, pos: str | None = None) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        n_kv_heads: int | None = None,
+        norm: str = "pre",
+        dropout: float = 0.0,
+        cross: bool = False,
+        pos: str | None = None,
+    ) -> None:
         super().__init__()
         if norm not in NORMS:
             raise ArgumentError(f"norm must be one of {list(NORMS)}, got {norm!r}")
@@ -42,8 +51,16 @@ class TransformerBlock(nn.Module):
         x = x + self.drop(y)
         return (x if self.pre else norm(x)), extra
 
-    def forward(self, x: Tensor, context: Tensor | None = None, mask: Any = None, causal: bool = False,
-                context_mask: Any = None, cache: KVCache | None = None, need_weights: bool = False) -> Any:
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        mask: Any = None,
+        causal: bool = False,
+        context_mask: Any = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> Any:
         """``x (B, N, d_model)``, or ``(x, self-attention weights (B, H, N, Nk))`` with ``need_weights``.
 
         ``mask`` / ``causal`` apply to self-attention, ``context_mask`` to cross-attention.
@@ -60,15 +77,26 @@ class TransformerBlock(nn.Module):
         x, weights = self._residual(x, self.norm_attn, self_attn)
         if self.cross_attn is not None and self.norm_cross is not None:
             cross = self.cross_attn
-            x, _ = self._residual(x, self.norm_cross, lambda h: (cross(h, context, mask=context_mask, cache=cache),
-                                                                 None))
+            x, _ = self._residual(
+                x, self.norm_cross, lambda h: (cross(h, context, mask=context_mask, cache=cache), None)
+            )
         x, _ = self._residual(x, self.norm_ff, lambda h: (self.ff(h), None))
         return (x, weights) if need_weights else x
 
 
 class _Stack(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, n_layers: int, n_kv_heads: int | None, norm: str,
-                 dropout: float, pos: str | None, cross: bool) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        n_layers: int,
+        n_kv_heads: int | None,
+        norm: str,
+        dropout: float,
+        pos: str | None,
+        cross: bool,
+    ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
             TransformerBlock(d_model, n_heads, d_ff, n_kv_heads, norm, dropout, cross, pos) for _ in range(n_layers)
@@ -89,8 +117,17 @@ class _Stack(nn.Module):
 class TransformerEncoder(_Stack):
     """``n_layers`` blocks of bidirectional self-attention (``causal=False`` unless asked)."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, n_layers: int, n_kv_heads: int | None = None,
-                 norm: str = "pre", dropout: float = 0.0, pos: str | None = None) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        n_layers: int,
+        n_kv_heads: int | None = None,
+        norm: str = "pre",
+        dropout: float = 0.0,
+        pos: str | None = None,
+    ) -> None:
         super().__init__(d_model, n_heads, d_ff, n_layers, n_kv_heads, norm, dropout, pos, cross=False)
 
     def forward(self, x: Tensor, mask: Any = None, causal: bool = False, need_weights: bool = False) -> Any:
@@ -101,16 +138,34 @@ class TransformerEncoder(_Stack):
 class TransformerDecoder(_Stack):
     """``n_layers`` blocks of causal self-attention plus cross-attention to an encoder output."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, n_layers: int, n_kv_heads: int | None = None,
-                 norm: str = "pre", dropout: float = 0.0, pos: str | None = None) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        n_layers: int,
+        n_kv_heads: int | None = None,
+        norm: str = "pre",
+        dropout: float = 0.0,
+        pos: str | None = None,
+    ) -> None:
         super().__init__(d_model, n_heads, d_ff, n_layers, n_kv_heads, norm, dropout, pos, cross=True)
 
-    def forward(self, x: Tensor, context: Tensor, mask: Any = None, context_mask: Any = None,
-                cache: KVCache | None = None, causal: bool = True, need_weights: bool = False) -> Any:
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor,
+        mask: Any = None,
+        context_mask: Any = None,
+        cache: KVCache | None = None,
+        causal: bool = True,
+        need_weights: bool = False,
+    ) -> Any:
         """``x (B, N, d_model)`` attending causally to itself and fully to ``context (B, Nk, d_model)``.
 
         With ``cache`` (decoding), earlier positions' keys and values are reused and the
         projected ``context`` is computed once. Returns ``x`` or ``(x, [self-attention weights])``.
         """
-        return self._run(x, need_weights, context=context, mask=mask, causal=causal, context_mask=context_mask,
-                         cache=cache)
+        return self._run(
+            x, need_weights, context=context, mask=mask, causal=causal, context_mask=context_mask, cache=cache
+        )

@@ -21,6 +21,16 @@ from .training import curves as curves
 from .training import save_animation as save_animation
 
 __all__ = [
-    "FORMATS", "PE_KINDS", "alibi_figure", "attention_grid", "curves", "heatmap", "mask_picture", "positional",
-    "rope_figure", "save", "save_animation", "sinusoidal_figure",
+    "FORMATS",
+    "PE_KINDS",
+    "alibi_figure",
+    "attention_grid",
+    "curves",
+    "heatmap",
+    "mask_picture",
+    "positional",
+    "rope_figure",
+    "save",
+    "save_animation",
+    "sinusoidal_figure",
 ]

@@ -45,16 +45,19 @@ def pixel_size(width: float, height: float, dpi: float) -> tuple[int, int]:
             raise ArgumentError(f"picture {name} must be a positive finite number, got {x!r}")
     w_px, h_px = round(width * dpi), round(height * dpi)
     if not (16 <= w_px <= MAX_PIXELS and 16 <= h_px <= MAX_PIXELS):
-        raise ArgumentError(f"picture of {w_px}x{h_px} pixels ({width:g}x{height:g} in at {dpi:g} dpi): each side "
-                            f"must be 16..{MAX_PIXELS} pixels")
+        raise ArgumentError(
+            f"picture of {w_px}x{h_px} pixels ({width:g}x{height:g} in at {dpi:g} dpi): each side "
+            f"must be 16..{MAX_PIXELS} pixels"
+        )
     return w_px, h_px
 
 
 def check_panel(n_q: int, n_k: int, what: str = "weights") -> None:
     """Refuse panels too large to draw legibly (``MAX_TOKENS`` per axis)."""
     if n_q > MAX_TOKENS or n_k > MAX_TOKENS:
-        raise ArgumentError(f"{what} of Nq={n_q} x Nk={n_k} are too large to draw: at most {MAX_TOKENS} tokens "
-                            "per panel axis")
+        raise ArgumentError(
+            f"{what} of Nq={n_q} x Nk={n_k} are too large to draw: at most {MAX_TOKENS} tokens per panel axis"
+        )
 
 
 def fontsize(n: int) -> float:
@@ -79,13 +82,21 @@ def format_of(path: str | os.PathLike[str], fmt: str | None = None) -> str:
             raise ArgumentError(f"--format {fmt} but the output file {os.fspath(path)!r} ends in .{ext}")
         return fmt
     if ext not in FORMATS:
-        raise ArgumentError(f"cannot tell the picture format of {os.fspath(path)!r}: use a .png, .svg or .html "
-                            "file or --format png|svg|html")
+        raise ArgumentError(
+            f"cannot tell the picture format of {os.fspath(path)!r}: use a .png, .svg or .html "
+            "file or --format png|svg|html"
+        )
     return ext
 
 
-def save(fig: Any, path: str | os.PathLike[str], fmt: str, *, title: str = "qkv",
-         tables: list[tuple[str, list[str], list[list[Any]]]] | None = None) -> None:
+def save(
+    fig: Any,
+    path: str | os.PathLike[str],
+    fmt: str,
+    *,
+    title: str = "qkv",
+    tables: list[tuple[str, list[str], list[list[Any]]]] | None = None,
+) -> None:
     """Write ``fig`` as PNG, SVG or an HTML page (the SVG inline plus ``tables`` of numbers).
 
     ``tables``: ``(caption, header, rows)`` each. Metadata that changes from run to run (the
@@ -105,7 +116,7 @@ def svg_text(fig: Any) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
     text = buf.getvalue()
-    return text[text.index("<svg"):]  # drop the XML prolog and doctype: inline in HTML
+    return text[text.index("<svg") :]  # drop the XML prolog and doctype: inline in HTML
 
 
 def png_data_uri(fig: Any) -> str:
@@ -123,17 +134,22 @@ def _cell(x: Any) -> str:
 def html_page(fig: Any, title: str, tables: list[tuple[str, list[str], list[list[Any]]]]) -> str:
     """A self-contained page: the picture as inline SVG, then the tables (no network needed)."""
     parts = [
-        "<!doctype html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">",
+        "<!doctype html>",
+        '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{html.escape(title)}</title>",
         "<style>body{font-family:system-ui,sans-serif;margin:2em;color:#222}"
         "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:2px 8px;"
         "text-align:right;font-variant-numeric:tabular-nums}caption{text-align:left;font-weight:600}"
         "svg{max-width:100%;height:auto}</style></head><body>",
-        f"<h1>{html.escape(title)}</h1>", svg_text(fig),
+        f"<h1>{html.escape(title)}</h1>",
+        svg_text(fig),
     ]
     for caption, header, rows in tables:
-        parts.append(f"<table><caption>{html.escape(caption)}</caption><tr>"
-                     + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>")
+        parts.append(
+            f"<table><caption>{html.escape(caption)}</caption><tr>"
+            + "".join(f"<th>{html.escape(h)}</th>" for h in header)
+            + "</tr>"
+        )
         parts.extend("<tr>" + "".join(f"<td>{_cell(x)}</td>" for x in row) + "</tr>" for row in rows)
         parts.append("</table>")
     parts.append("</body></html>\n")

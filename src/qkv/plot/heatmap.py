@@ -38,8 +38,9 @@ def _allowed(mask: Any, shape: tuple[int, ...]) -> np.ndarray | None:
     try:
         return np.broadcast_to(a, shape)
     except ValueError:
-        raise MaskError(f"mask has shape {a.shape}, which does not broadcast to the weights' {shape} "
-                        "(..., Nq, Nk)") from None
+        raise MaskError(
+            f"mask has shape {a.shape}, which does not broadcast to the weights' {shape} (..., Nq, Nk)"
+        ) from None
 
 
 def row_stats(weights: Any, mask: Any = None) -> dict[str, np.ndarray]:
@@ -94,8 +95,16 @@ def _margin(ax: Any, lines: list[str], header: str) -> None:
     right = ax.secondary_yaxis("right")
     right.set_yticks(range(0, n, step), lines[::step], fontsize=_common.fontsize(min(n, 32)), family="monospace")
     right.tick_params(length=0, pad=2)
-    ax.text(1.0, 1.0, header, transform=ax.transAxes, fontsize=_common.fontsize(min(n, 32)), family="monospace",
-            va="bottom", ha="left")
+    ax.text(
+        1.0,
+        1.0,
+        header,
+        transform=ax.transAxes,
+        fontsize=_common.fontsize(min(n, 32)),
+        family="monospace",
+        va="bottom",
+        ha="left",
+    )
 
 
 def _panel_titles(lead: tuple[int, ...], titles: Sequence[str] | None) -> list[str]:
@@ -108,22 +117,35 @@ def _panel_titles(lead: tuple[int, ...], titles: Sequence[str] | None) -> list[s
         return [""]
     if len(lead) == 1:
         return [f"head {h}" for h in range(n)]
-    return [" ".join(f"{a}{i}" for a, i in zip("bh" if len(lead) == 2 else "abcdefgh", idx, strict=False))
-            for idx in np.ndindex(*lead)]
+    return [
+        " ".join(f"{a}{i}" for a, i in zip("bh" if len(lead) == 2 else "abcdefgh", idx, strict=False))
+        for idx in np.ndindex(*lead)
+    ]
 
 
 def default_size(n_panels: int, n_q: int, n_k: int) -> tuple[float, float]:
     """A legible ``(width, height)`` in inches for ``n_panels`` panels of ``Nq x Nk`` cells."""
     rows, cols = _common.grid(n_panels)
     side = float(np.clip(max(n_q, n_k) * 0.22, 2.2, 4.2))
-    return round(cols * (side * n_k / max(n_q, n_k) + 1.6) + 0.9, 2), round(rows * (side * n_q / max(n_q, n_k) + 0.9)
-                                                                             + 0.5, 2)
+    return round(cols * (side * n_k / max(n_q, n_k) + 1.6) + 0.9, 2), round(
+        rows * (side * n_q / max(n_q, n_k) + 0.9) + 0.5, 2
+    )
 
 
-def heatmap(weights: Any, *, tokens_q: Sequence[Any] | None = None, tokens_k: Sequence[Any] | None = None,
-            mask: Any = None, titles: Sequence[str] | None = None, overlay: bool = True,
-            annotate: bool | None = None, suptitle: str | None = None, width: float | None = None,
-            height: float | None = None, dpi: float = 100) -> Any:
+def heatmap(
+    weights: Any,
+    *,
+    tokens_q: Sequence[Any] | None = None,
+    tokens_k: Sequence[Any] | None = None,
+    mask: Any = None,
+    titles: Sequence[str] | None = None,
+    overlay: bool = True,
+    annotate: bool | None = None,
+    suptitle: str | None = None,
+    width: float | None = None,
+    height: float | None = None,
+    dpi: float = 100,
+) -> Any:
     """Attention weights ``(..., Nq, Nk)`` as a figure: a panel per leading index (per head).
 
     Rows are queries (``tokens_q``), columns keys (``tokens_k``); the right margin lists each
@@ -140,8 +162,9 @@ def heatmap(weights: Any, *, tokens_q: Sequence[Any] | None = None, tokens_k: Se
         raise ShapeError(f"weights have no cells to draw (Nq={nq}, Nk={nk}; weights: {w.shape})")
     panels = w.reshape(-1, nq, nk)
     if len(panels) > _common.MAX_PANELS:
-        raise ArgumentError(f"{len(panels)} panels (leading axes {lead}) are too many to draw: at most "
-                            f"{_common.MAX_PANELS}")
+        raise ArgumentError(
+            f"{len(panels)} panels (leading axes {lead}) are too many to draw: at most {_common.MAX_PANELS}"
+        )
     allowed = _allowed(mask, w.shape)
     stats = row_stats(w, allowed)
     names = _panel_titles(lead, titles)
@@ -168,8 +191,15 @@ def heatmap(weights: Any, *, tokens_q: Sequence[Any] | None = None, tokens_k: Se
         if annotate:
             for (i, j), x in np.ndenumerate(panels[p]):
                 if hidden_all is None or not hidden_all[p, i, j] or not overlay:
-                    ax.text(j, i, f"{x:.2f}", ha="center", va="center", fontsize=7,
-                            color="white" if norm(x) < 0.6 else "black")
+                    ax.text(
+                        j,
+                        i,
+                        f"{x:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white" if norm(x) < 0.6 else "black",
+                    )
         _ticks(ax, lq, lk)
         _margin(ax, [f"{s:4.2f} {h:4.2f}" for s, h in zip(sums[p], ents[p], strict=True)], "  Σ    H")
         ax.set_title(names[p], fontsize=9, pad=12)
@@ -189,9 +219,18 @@ def _cmap() -> Any:
     return matplotlib.colormaps["viridis"].with_extremes(bad="#d9d9d9")  # bad: hidden cells (masked out)
 
 
-def mask_picture(mask: Any, n_q: int, n_k: int, *, tokens_q: Sequence[Any] | None = None,
-                 tokens_k: Sequence[Any] | None = None, title: str | None = None, width: float | None = None,
-                 height: float | None = None, dpi: float = 100) -> Any:
+def mask_picture(
+    mask: Any,
+    n_q: int,
+    n_k: int,
+    *,
+    tokens_q: Sequence[Any] | None = None,
+    tokens_k: Sequence[Any] | None = None,
+    title: str | None = None,
+    width: float | None = None,
+    height: float | None = None,
+    dpi: float = 100,
+) -> Any:
     """A mask alone (``qkv.masks.Mask`` or boolean ``(Nq, Nk)``): allowed cells dark, keys per row in the margin."""
     from matplotlib.colors import ListedColormap
 
@@ -203,8 +242,14 @@ def mask_picture(mask: Any, n_q: int, n_k: int, *, tokens_q: Sequence[Any] | Non
     dw, dh = default_size(1, n_q, n_k)
     fig = _common.figure(width or dw - 0.6, height or dh, dpi)
     ax = fig.subplots()
-    ax.imshow(a.astype(np.int8), cmap=ListedColormap(["#f4f4f4", "#2c3e73"]), vmin=0, vmax=1,
-              interpolation="nearest", aspect="auto")
+    ax.imshow(
+        a.astype(np.int8),
+        cmap=ListedColormap(["#f4f4f4", "#2c3e73"]),
+        vmin=0,
+        vmax=1,
+        interpolation="nearest",
+        aspect="auto",
+    )
     _ticks(ax, _labels(tokens_q, n_q, "q", "tokens_q"), _labels(tokens_k, n_k, "k", "tokens_k"))
     _margin(ax, [str(int(c)) for c in a.sum(-1)], "keys")
     ax.set_title(f"{textwrap.fill(title, 60)}\n{int(a.sum())} of {n_q * n_k} cells may attend", fontsize=9, pad=12)

@@ -22,8 +22,9 @@ def _count(value: Any, name: str, lo: int, hi: int) -> int:
     return int(value)
 
 
-def sinusoidal_figure(n: int = 64, d: int = 64, base: float = 10000.0, *, width: float = 9.0,
-                      height: float = 4.2, dpi: float = 100) -> Any:
+def sinusoidal_figure(
+    n: int = 64, d: int = 64, base: float = 10000.0, *, width: float = 9.0, height: float = 4.2, dpi: float = 100
+) -> Any:
     """Left: the table ``PE (n, d)`` (Vaswani et al., arXiv:1706.03762); right: ``PE PEᵀ (n, n)``,
     whose value depends (almost) only on the distance ``|i - j|``."""
     n, d = _count(n, "n", 1, _common.MAX_TOKENS), _count(d, "d", 1, 4096)
@@ -41,8 +42,9 @@ def sinusoidal_figure(n: int = 64, d: int = 64, base: float = 10000.0, *, width:
     return fig
 
 
-def rope_numbers(n: int = 64, d: int = 64, base: float = 10000.0, positions: tuple[int, ...] = (0, 10, 100, 1000),
-                 seed: int = 0) -> dict[str, Any]:
+def rope_numbers(
+    n: int = 64, d: int = 64, base: float = 10000.0, positions: tuple[int, ...] = (0, 10, 100, 1000), seed: int = 0
+) -> dict[str, Any]:
     """``q·k`` after RoPE for a fixed random ``q``, ``k`` (length ``d``) with the query at
     ``p + r`` and the key at ``p``, for offsets ``r`` in ``[-n/2, n/2)`` and each absolute ``p``.
 
@@ -56,23 +58,36 @@ def rope_numbers(n: int = 64, d: int = 64, base: float = 10000.0, positions: tup
     rng = np.random.default_rng(seed)
     q, k = rng.standard_normal((2, 1, d))
     offsets = np.arange(-(n // 2), n - n // 2)
-    scores = np.stack([np.sum(rope(np.repeat(q, len(offsets), 0), p + offsets, base)
-                              * rope(np.repeat(k, len(offsets), 0), np.full(len(offsets), p), base), -1)
-                       for p in positions])
-    return {"offsets": offsets, "positions": np.asarray(positions), "scores": scores,
-            "spread": float(np.ptp(scores, axis=0).max())}
+    scores = np.stack(
+        [
+            np.sum(
+                rope(np.repeat(q, len(offsets), 0), p + offsets, base)
+                * rope(np.repeat(k, len(offsets), 0), np.full(len(offsets), p), base),
+                -1,
+            )
+            for p in positions
+        ]
+    )
+    return {
+        "offsets": offsets,
+        "positions": np.asarray(positions),
+        "scores": scores,
+        "spread": float(np.ptp(scores, axis=0).max()),
+    }
 
 
-def rope_figure(n: int = 64, d: int = 64, base: float = 10000.0, *, width: float = 9.0, height: float = 4.2,
-                dpi: float = 100) -> Any:
+def rope_figure(
+    n: int = 64, d: int = 64, base: float = 10000.0, *, width: float = 9.0, height: float = 4.2, dpi: float = 100
+) -> Any:
     """Left: the rotation angle ``pos · base^(-2c/d)`` (mod 2π) per position and frequency pair
     ``c``; right: ``q·k`` against the offset ``m - n`` for several absolute positions (the curves coincide)."""
     nums = rope_numbers(n, d, base)
     fig = _common.figure(width, height, dpi)
     left, right = fig.subplots(1, 2)
     angle = np.arange(n)[:, None] * base ** (-np.arange(0, d, 2) / d)  # (n, d/2)
-    im = left.imshow(np.mod(angle, 2 * np.pi), cmap="twilight", vmin=0, vmax=2 * np.pi, aspect="auto",
-                     interpolation="nearest")
+    im = left.imshow(
+        np.mod(angle, 2 * np.pi), cmap="twilight", vmin=0, vmax=2 * np.pi, aspect="auto", interpolation="nearest"
+    )
     left.set(title=f"RoPE angle mod 2π (d={d}, base={base:g})", xlabel="frequency pair c", ylabel="position")
     cbar = _colorbar(fig, im, left, "angle (rad)", ticks=[0, np.pi, 2 * np.pi])
     cbar.ax.set_yticklabels(["0", "π", "2π"])
@@ -97,8 +112,9 @@ def alibi_numbers(n: int = 16, heads: int = 8) -> dict[str, Any]:
     return {"slopes": m, "bias": bias}
 
 
-def alibi_figure(n: int = 16, heads: int = 8, *, width: float | None = None, height: float | None = None,
-                 dpi: float = 100) -> Any:
+def alibi_figure(
+    n: int = 16, heads: int = 8, *, width: float | None = None, height: float | None = None, dpi: float = 100
+) -> Any:
     """A panel per head: the causal ALiBi bias ``-m_h (i - j)`` added to the scores; one shared colour scale."""
     import matplotlib
 
@@ -138,8 +154,17 @@ def _small(*axes: Any) -> None:
         ax.tick_params(labelsize=7)
 
 
-def positional(kind: str, n: int = 64, d: int = 64, base: float = 10000.0, heads: int = 8, *,
-               width: float | None = None, height: float | None = None, dpi: float = 100) -> Any:
+def positional(
+    kind: str,
+    n: int = 64,
+    d: int = 64,
+    base: float = 10000.0,
+    heads: int = 8,
+    *,
+    width: float | None = None,
+    height: float | None = None,
+    dpi: float = 100,
+) -> Any:
     """The figure of one positional-encoding ``kind``: ``"sinusoidal"``, ``"rope"`` or ``"alibi"``."""
     size = {k: v for k, v in (("width", width), ("height", height)) if v is not None}
     if kind == "sinusoidal":

@@ -24,8 +24,9 @@ def _layer_maps(history: Any, layer: int) -> tuple[list[int], np.ndarray]:
         raise ArgumentError("the history has no recorded attention maps: train with record_every")
     n_layers = len(snaps[0].weights)
     if not -n_layers <= layer < n_layers:
-        raise ArgumentError(f"layer must be in {-n_layers}..{n_layers - 1} (the model has {n_layers} layers), "
-                            f"got {layer}")
+        raise ArgumentError(
+            f"layer must be in {-n_layers}..{n_layers - 1} (the model has {n_layers} layers), got {layer}"
+        )
     maps = np.stack([np.asarray(s.weights[layer], dtype=np.float64) for s in snaps])
     _common.check_panel(maps.shape[-2], maps.shape[-1], "attention maps")
     return [int(s.step) for s in snaps], maps
@@ -40,8 +41,9 @@ def _tokens(history: Any, t: int) -> list[str] | None:
     return None if probe is None else [str(int(x)) for x in np.asarray(probe)[:t]]
 
 
-def attention_grid(history: Any, layer: int = -1, *, width: float | None = None, height: float | None = None,
-                   dpi: float = 100) -> Any:
+def attention_grid(
+    history: Any, layer: int = -1, *, width: float | None = None, height: float | None = None, dpi: float = 100
+) -> Any:
     """Small multiples of one layer's attention on the probe: a row per recorded step (at most
     ``MAX_ROWS``, evenly subsampled), a column per head, one colour scale (0..1)."""
     steps, maps = _layer_maps(history, layer)
@@ -114,8 +116,16 @@ def curves(history: Any, layer: int = -1, *, width: float = 10.0, height: float 
     return fig
 
 
-def save_animation(history: Any, path: str | os.PathLike[str], layer: int = -1, *, fps: int = 4,
-                   width: float | None = None, height: float | None = None, dpi: float = 80) -> int:
+def save_animation(
+    history: Any,
+    path: str | os.PathLike[str],
+    layer: int = -1,
+    *,
+    fps: int = 4,
+    width: float | None = None,
+    height: float | None = None,
+    dpi: float = 80,
+) -> int:
     """Write an animated GIF of one layer's maps, a frame per recorded step (every head side by
     side), with matplotlib's ``PillowWriter``. Returns the number of frames."""
     from matplotlib.animation import FuncAnimation, PillowWriter

@@ -46,8 +46,11 @@ class History:
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe summary (attention maps as nested lists)."""
         return {
-            "task": self.task, "loss": self.loss, "accuracy": self.accuracy,
-            "eval_accuracy": self.eval_accuracy, "eval_exact": self.eval_exact,
+            "task": self.task,
+            "loss": self.loss,
+            "accuracy": self.accuracy,
+            "eval_accuracy": self.eval_accuracy,
+            "eval_exact": self.eval_exact,
             "probe": None if self.probe is None else self.probe.tolist(),
             "attention": [{"step": s.step, "weights": [w.tolist() for w in s.weights]} for s in self.attention],
         }
@@ -95,10 +98,24 @@ def _positive(value: Any, name: str) -> int:
     return value
 
 
-def train(task: str, steps: int | None = None, *, length: int | None = None, batch_size: int = 64,
-          lr: float = 3e-3, d_model: int = 64, n_heads: int = 4, n_layers: int = 2, n_kv_heads: int | None = None,
-          pos: str = "learned", record_every: int | None = None, eval_size: int = 256, progress: bool = False,
-          callback: Callable[[dict[str, Any]], bool | None] | None = None, seed: int = 0) -> History:
+def train(
+    task: str,
+    steps: int | None = None,
+    *,
+    length: int | None = None,
+    batch_size: int = 64,
+    lr: float = 3e-3,
+    d_model: int = 64,
+    n_heads: int = 4,
+    n_layers: int = 2,
+    n_kv_heads: int | None = None,
+    pos: str = "learned",
+    record_every: int | None = None,
+    eval_size: int = 256,
+    progress: bool = False,
+    callback: Callable[[dict[str, Any]], bool | None] | None = None,
+    seed: int = 0,
+) -> History:
     """Train a fresh ``TinyGPT`` on ``task`` (``"copy"``, ``"reverse"``, ``"sort"``, ``"recall"``).
 
     ``steps`` defaults to the task's budget, ``length`` to its default size (prompt symbols; for
@@ -124,13 +141,15 @@ def train(task: str, steps: int | None = None, *, length: int | None = None, bat
     tokens, answer = make_batch(task, 1, n, data)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = TinyGPT(t.vocab_size, d_model, n_heads, n_layers, max_len=tokens.shape[1], n_kv_heads=n_kv_heads,
-                        pos=pos)
+        model = TinyGPT(
+            t.vocab_size, d_model, n_heads, n_layers, max_len=tokens.shape[1], n_kv_heads=n_kv_heads, pos=pos
+        )
     history = History(task, probe=tokens[0].numpy(), model=model)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     warmup = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))
+    )
     model.train()
     if record is not None:
         history.attention.append(_snapshot(model, tokens[0], 0))
@@ -182,7 +201,12 @@ def _progress(enabled: bool, name: str, total: int) -> _Bar:
         return _Bar()
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                 TextColumn("loss {task.fields[loss]:.3f}  acc {task.fields[acc]:.3f}"), TimeElapsedColumn())
+    p = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.3f}  acc {task.fields[acc]:.3f}"),
+        TimeElapsedColumn(),
+    )
     p.start()
     return _Bar(p, p.add_task(name, total=total, loss=float("nan"), acc=0.0))

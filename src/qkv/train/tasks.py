@@ -67,8 +67,9 @@ def _recall(batch: int, pairs: int, g: torch.Generator) -> Tensor:
     after it (multi-query associative recall, Arora et al., arXiv:2312.04927).
     """
     if pairs > KEYS:
-        raise ArgumentError(f"recall has {KEYS} distinct keys, so length (the number of pairs) must be <= {KEYS}, "
-                            f"got {pairs}")
+        raise ArgumentError(
+            f"recall has {KEYS} distinct keys, so length (the number of pairs) must be <= {KEYS}, got {pairs}"
+        )
     keys = torch.rand(batch, KEYS, generator=g).argsort(dim=1)[:, :pairs]
     values = torch.randint(KEYS, KEYS + VALUES, (batch, pairs), generator=g)
     order = torch.rand(batch, pairs, generator=g).argsort(dim=1)
@@ -87,8 +88,15 @@ TASKS: dict[str, Task] = {
     "copy": Task("copy", SYMBOLS + 1, _copy, _tail, 8, 400, "x SEP x"),
     "reverse": Task("reverse", SYMBOLS + 1, _reverse, _tail, 8, 400, "x SEP reversed(x)"),
     "sort": Task("sort", SYMBOLS + 1, _sort, _tail, 8, 700, "x SEP sorted(x)"),
-    "recall": Task("recall", KEYS + VALUES + 1, _recall, lambda n: torch.arange(2 * n + 2, 4 * n + 1, 2), 6, 500,
-                   "k1 v1 ... kn vn SEP then each key again, followed by its value (length = number of pairs)"),
+    "recall": Task(
+        "recall",
+        KEYS + VALUES + 1,
+        _recall,
+        lambda n: torch.arange(2 * n + 2, 4 * n + 1, 2),
+        6,
+        500,
+        "k1 v1 ... kn vn SEP then each key again, followed by its value (length = number of pairs)",
+    ),
 }
 
 
@@ -98,8 +106,9 @@ def get_task(name: str) -> Task:
     return TASKS[name]
 
 
-def make_batch(task: str, batch: int, length: int | None = None,
-               generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+def make_batch(
+    task: str, batch: int, length: int | None = None, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
     """``(tokens (B, T), answer)``: ``batch`` fresh examples of ``task``; ``answer`` holds the positions
     of the answer tokens (those the loss and the accuracy count).
 
