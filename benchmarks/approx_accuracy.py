@@ -33,7 +33,7 @@ import numpy as np
 
 import qkv
 from qkv import approx, diagnostics, masks
-from qkv._approx_features import favor_features, projection
+from qkv.approx._features import favor_features, projection
 from qkv.bench import compare, paired_ratios
 
 H, D, R, ROWS = 4, 64, 256, 128

@@ -21,20 +21,15 @@ from _report import setup  # sets OMP_NUM_THREADS before torch loads
 from rich.console import Console
 from rich.table import Table
 
+import qkv
 from qkv.bench import run_case, workload
 from qkv.bench._competitors import CaseData
 
 
 def chosen(w: Any, lib: str) -> str:
-    """The impl ``auto`` picks for ``w`` (private API; '?' if it moved)."""
-    try:
-        from qkv._core import _call
-        from qkv._impls import auto
-
-        x = CaseData(w).inputs(lib)
-        return str(auto(_call(x.q, x.k, x.v, w.mask, False, None, None)).name)
-    except Exception:
-        return "?"
+    """The impl ``auto`` picks for ``w`` (``qkv.dispatch``)."""
+    x = CaseData(w).inputs(lib)
+    return qkv.dispatch(x.q, x.k, x.v, mask=w.mask).impl
 
 
 def auto_vs_best(rows: list[dict[str, Any]], auto_name: str) -> tuple[float, float, float, str] | None:

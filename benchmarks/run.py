@@ -17,7 +17,7 @@ from _report import setup, write  # sets OMP_NUM_THREADS before torch loads
 from rich.console import Console
 
 from qkv.bench import SUITE_NAMES, run_suite
-from qkv.bench.cli import render
+from qkv.cli.bench import render
 
 
 def main() -> None:

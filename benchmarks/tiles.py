@@ -4,57 +4,34 @@
     python benchmarks/tiles.py --quick
 
 SDPA's flash backend (with the dense mask for sliding windows) runs in the same rounds, for
-the issue's ratios. Only this script's process is changed: it sets ``qkv._impls.flash.BLOCK_Q / BLOCK_K`` and,
-while the kernel takes ``block_q`` / ``block_k`` arguments with import-time defaults, routes
-``impl="flash"`` to the kernel with those arguments bound. The defaults are read, never edited.
+the target ratios. Each configuration passes its tile sizes to the kernel as an argument
+(``build_call(..., tiles=(bq, bk))``, the internal call record); the defaults are only read.
 """
 
 import argparse
-import contextlib
-import functools
-import inspect
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from _report import setup  # sets OMP_NUM_THREADS before torch loads
 from rich.console import Console
 from rich.table import Table
 
-import qkv
-from qkv._impls import IMPLS, Impl, flash
-from qkv._impls._autograd import with_autograd
+from qkv._core import run as run_call
+from qkv._impls import build_call, flash
 from qkv.bench import compare, flops, make_inputs, paired_ratios, workload
 from qkv.bench._load import CpuMeter, wait_for_quiet
 
 DEFAULT = (flash.BLOCK_Q, flash.BLOCK_K)
 
 
-@contextlib.contextmanager
-def tiles(bq: int, bk: int) -> Iterator[None]:
-    """Run the flash kernel with ``bq x bk`` tiles inside the block (this process only)."""
-    saved = flash.BLOCK_Q, flash.BLOCK_K, IMPLS["flash"]
-    flash.BLOCK_Q, flash.BLOCK_K = bq, bk
-    params = inspect.signature(flash.forward).parameters
-    if "block_q" in params and "block_k" in params:
-        fwd = functools.partial(flash.forward, block_q=bq, block_k=bk)
-        bwd = functools.partial(flash.backward, block_q=bq, block_k=bk)
-        IMPLS["flash"] = Impl("flash", flash.supports, with_autograd(fwd, bwd), bwd)
-    try:
-        yield
-    finally:
-        flash.BLOCK_Q, flash.BLOCK_K, IMPLS["flash"] = saved
-
-
 def _runner(w: Any, mode: str, bq: int, bk: int, x: Any) -> Any:
     import torch
 
     def run() -> None:
-        with tiles(bq, bk):
-            out = qkv.attention(x.q, x.k, x.v, mask=w.mask, impl="flash")
-            if mode == "fwdbwd":
-                torch.autograd.grad(out, (x.q, x.k, x.v), x.dout)
+        out = run_call(build_call(x.q, x.k, x.v, mask=w.mask, tiles=(bq, bk)), "flash").out
+        if mode == "fwdbwd":
+            torch.autograd.grad(out, (x.q, x.k, x.v), x.dout)
 
     return run
 

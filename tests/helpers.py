@@ -4,10 +4,10 @@ qkv is imported lazily (inside functions) so that ``oracle`` and this module sta
 without the package; torch is optional.
 """
 
-import contextlib
 import dataclasses
 import importlib.util
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -132,16 +132,16 @@ class Runner:
         kw = dict(kw)
         if isinstance(kw.get("mask"), np.ndarray):
             kw["mask"] = self.kind(kw["mask"])
-        with flash_tiles(self.tiles):
-            return qkv.attention(
-                self.kind(q),
-                self.kind(k),
-                self.kind(v),
-                impl=self.impl,
-                return_weights=want_weights,
-                return_lse=want_lse,
-                **kw,
-            )
+        attend = qkv.attention if self.tiles is None else partial(tiled_attention, tiles=self.tiles)
+        return attend(
+            self.kind(q),
+            self.kind(k),
+            self.kind(v),
+            impl=self.impl,
+            return_weights=want_weights,
+            return_lse=want_lse,
+            **kw,
+        )
 
     def attention(self, q, k, v, *, weights=True, lse=True, nonadditive=False, **kw):
         """Run qkv.attention and return float64 NumPy (out, weights, lse, raw return value).
@@ -178,21 +178,22 @@ class Runner:
         return Result(to_numpy64(out), to_numpy64(w), to_numpy64(s), raw)
 
 
-@contextlib.contextmanager
-def flash_tiles(tiles):
-    """Force the flash kernel's default tile sizes, so tiny inputs still span many tiles."""
-    if tiles is None:
-        yield
-        return
-    from qkv._impls import flash
+def tiled_attention(q, k, v, *, tiles=None, impl="auto", return_weights=False, return_lse=False, **kw):
+    """``qkv.attention`` with the flash kernel's tile sizes ``tiles = (block_q, block_k)`` given
+    (through the internal ``Call``), so tiny inputs still span many tiles."""
+    from qkv._core import picked, run
+    from qkv._impls import build_call
 
-    saved = flash.BLOCK_Q, flash.BLOCK_K, flash.CANDIDATES
-    flash.BLOCK_Q, flash.BLOCK_K = tiles
-    flash.CANDIDATES = (tiles,)  # no mask-dependent choice: exactly these tiles
-    try:
-        yield
-    finally:
-        flash.BLOCK_Q, flash.BLOCK_K, flash.CANDIDATES = saved
+    c = build_call(q, k, v, want_weights=return_weights, want_lse=return_lse, tiles=tiles, **kw)
+    return picked(run(c, impl), return_weights, return_lse)
+
+
+def tiled_backward(dout, q, k, v, out, lse, *, tiles=None, impl="auto", **kw):
+    """``qkv.attention_backward`` with the flash kernel's tile sizes given."""
+    from qkv._core import run_backward
+    from qkv._impls import build_call
+
+    return run_backward(build_call(q, k, v, tiles=tiles, **kw), dout, out, lse, impl)
 
 
 RUNNERS = [

@@ -12,7 +12,7 @@ import pytest
 
 import oracle as O
 import qkv
-from helpers import HAS_TORCH, assert_close, flash_tiles, make_qkv, to_numpy64, to_torch
+from helpers import HAS_TORCH, assert_close, make_qkv, tiled_attention, tiled_backward, to_numpy64, to_torch
 from qkv import approx, masks
 from qkv.errors import ArgumentError, DTypeError, ShapeError
 
@@ -81,7 +81,7 @@ LINEAR_CASES = [
 @pytest.mark.parametrize("h,hkv,nq,nk,dk,dv", LINEAR_CASES)
 @pytest.mark.parametrize("chunk", [None, 3], ids=["chunk-default", "chunk-3"])
 def test_linear_attention_equals_its_formula(h, hkv, nq, nk, dk, dv, fmap, causal, chunk, rng, monkeypatch):
-    from qkv import _approx_linear
+    from qkv.approx import _sums as _approx_linear
 
     if chunk is not None:
         monkeypatch.setattr(_approx_linear, "CHUNK", chunk)  # many chunks, ragged last one
@@ -107,7 +107,7 @@ def test_linear_attention_with_a_callable_feature_map_and_batch_axes(rng):
 
 
 def test_elu_plus_one_features_are_positive():
-    from qkv._approx_features import elu_plus_one
+    from qkv.approx._features import elu_plus_one
 
     x = np.linspace(-30.0, 30.0, 601)
     f = elu_plus_one(np, x)
@@ -166,7 +166,7 @@ def test_performer_error_shrinks_as_features_grow(causal, rng):
 def test_random_features_are_unbiased_for_the_softmax_kernel(rng):
     """Each seed gives one independent 8-feature estimate; their mean must sit within 5 standard
     errors of exp(q·k/√d) (the inputs are small, so the estimates are not heavy-tailed)."""
-    from qkv._approx_features import softmax_kernel_estimate
+    from qkv.approx._features import softmax_kernel_estimate
 
     q, k = 0.3 * rng.standard_normal((3, 4)), 0.3 * rng.standard_normal((5, 4))
     exact = np.exp(q @ k.T / math.sqrt(4))
@@ -178,7 +178,7 @@ def test_random_features_are_unbiased_for_the_softmax_kernel(rng):
 
 
 def test_orthogonal_features_come_in_orthogonal_blocks():
-    from qkv._approx_features import orthogonal_gaussian
+    from qkv.approx._features import orthogonal_gaussian
 
     w = orthogonal_gaussian(10, 4, seed=3)
     assert w.shape == (10, 4)
@@ -189,7 +189,7 @@ def test_orthogonal_features_come_in_orthogonal_blocks():
 
 def test_performer_is_the_normalised_random_feature_formula(rng):
     """The max shifts that stabilise the features cancel: same result as the plain estimator."""
-    from qkv._approx_features import orthogonal_gaussian
+    from qkv.approx._features import orthogonal_gaussian
 
     q, k, v = make_qkv(rng, (2, 6, 4), (2, 7, 4), (2, 7, 3))
     w = orthogonal_gaussian(32, 4, seed=5)
@@ -238,7 +238,7 @@ def test_bad_arguments_raise_typed_errors(rng):
         approx.linear_attention(q, k, v, feature_map=lambda x: x)
     with pytest.raises(ArgumentError, match="causal must be True or False"):
         approx.linear_attention(q, k, v, causal="yes")
-    with pytest.raises(ArgumentError, match="n_features must be a positive integer"):
+    with pytest.raises(ArgumentError, match="n_features must be an integer >= 1, got 0"):
         approx.performer(q, k, v, n_features=0)
     with pytest.raises(ShapeError, match="d_k=3 on its last axis"):
         approx.performer(q, k[..., :3], v)
@@ -269,7 +269,7 @@ def test_mixed_kinds_raise_type_error(rng):
 def test_torch_in_torch_out_with_gradients(causal, rng, monkeypatch):
     import torch
 
-    from qkv import _approx_linear
+    from qkv.approx import _sums as _approx_linear
 
     monkeypatch.setattr(_approx_linear, "CHUNK", 3)
     q, k, v = make_qkv(rng, (4, 5, 3), (2, 7, 3), (2, 7, 2))
@@ -330,10 +330,10 @@ def test_sparse_recipes_through_flash_equal_the_reference_forward_and_backward(n
     assert_close(mask.dense(n, n), allowed)  # the one-liner builds the intended pattern
     q, k, v = make_qkv(rng, (1, 2, n, 8), (1, 2, n, 8))
     dout = rng.standard_normal((1, 2, n, 8))
-    with flash_tiles((8, 6)):  # many tiles: EMPTY ones skipped, FULL and PARTIAL ones computed
-        assert (mask.blocks(n, n, 8, 6) == masks.EMPTY).any()
-        out, lse = qkv.attention(q, k, v, mask=mask, impl="flash", return_lse=True)
-        grads = qkv.attention_backward(dout, q, k, v, out, lse, mask=mask, impl="flash")
+    tiles = (8, 6)  # many tiles: EMPTY ones skipped, FULL and PARTIAL ones computed
+    assert (mask.blocks(n, n, *tiles) == masks.EMPTY).any()
+    out, lse = tiled_attention(q, k, v, tiles=tiles, mask=mask, impl="flash", return_lse=True)
+    grads = tiled_backward(dout, q, k, v, out, lse, tiles=tiles, mask=mask, impl="flash")
     ref, ref_lse = qkv.attention(q, k, v, mask=allowed, impl="reference", return_lse=True)
     ref_grads = qkv.attention_backward(dout, q, k, v, ref, ref_lse, mask=allowed, impl="reference")
     assert_close(out, O.attention_oracle(q, k, v, allowed=allowed)[0])
@@ -353,8 +353,7 @@ def test_sparse_recipes_through_flash_with_torch_autograd(name, rng):
     grads = {}
     for impl, m in (("flash", mask), ("reference", torch.from_numpy(allowed))):
         t = [to_torch(x).requires_grad_() for x in (q, k, v)]
-        with flash_tiles((8, 6)):
-            out = qkv.attention(*t, mask=m, impl=impl)
+        out = tiled_attention(*t, tiles=(8, 6), mask=m, impl=impl)
         (out * torch.arange(n * 4, dtype=out.dtype).reshape(n, 4)).sum().backward()
         grads[impl] = [out, *(x.grad for x in t)]
     for a, b in zip(grads["flash"], grads["reference"], strict=True):

@@ -7,7 +7,16 @@ import pytest
 
 import oracle as O
 import qkv
-from helpers import HAS_TORCH, MASK_CASES, SCORE_CASES, assert_close, documented_refusal, flash_tiles, make_qkv
+from helpers import (
+    HAS_TORCH,
+    MASK_CASES,
+    SCORE_CASES,
+    assert_close,
+    documented_refusal,
+    make_qkv,
+    tiled_attention,
+    tiled_backward,
+)
 
 FD_TOL = 1e-7  # central differences with eps=1e-6 on O(1) values
 
@@ -33,8 +42,8 @@ def fd_and_backward(
     fd = O.numerical_gradients(lambda a, b, c: O.attention_oracle(a, b, c, **kw)[0], (q, k, v), dout)
     if bias is not None:
         qkv_kw["mask"] = bias
-    with flash_tiles((2, 3) if impl == "flash" else None):  # tiny tiles: the tile loops really run
-        got = qkv.attention_backward(dout, q, k, v, out, lse, scale=scale, impl=impl, **qkv_kw)
+    tiles = (2, 3) if impl == "flash" else None  # tiny tiles: the tile loops really run
+    got = tiled_backward(dout, q, k, v, out, lse, tiles=tiles, scale=scale, impl=impl, **qkv_kw)
     return fd, got, (q, k, v)
 
 
@@ -195,10 +204,9 @@ def test_torch_autograd_through_attention(q_shape, kv_shape, mask_id, score_id, 
             kw["scale"] = scale = case.scale
     tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
     try:
-        with flash_tiles((3, 2) if impl == "flash" else None):
-            out = qkv.attention(tq, tk, tv, impl=impl, **kw)
-            dout = rng.standard_normal(out.shape)
-            (out * torch.from_numpy(dout)).sum().backward()  # flash's backward runs under the same tiles
+        out = tiled_attention(tq, tk, tv, tiles=(3, 2) if impl == "flash" else None, impl=impl, **kw)
+        dout = rng.standard_normal(out.shape)
+        (out * torch.from_numpy(dout)).sum().backward()  # flash's backward runs with the same tiles (saved Call)
     except ValueError as e:
         if impl == "torch" and nonadditive and documented_refusal(e):
             pytest.skip("impl='torch' refuses non-additive score mods (documented)")

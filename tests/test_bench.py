@@ -169,22 +169,21 @@ def test_peak_memory_runs_in_a_subprocess():
 
 def test_bench_command_json():
     pytest.importorskip("torch")
-    typer = pytest.importorskip("typer")
+    pytest.importorskip("typer")
     from typer.testing import CliRunner
 
-    from qkv.bench.cli import bench_command
+    from qkv.cli import app
 
-    app = typer.Typer()
-    app.command()(bench_command)
-    result = CliRunner().invoke(app, ["--quick", "--workload", "causal", "--n", "256", "--mode", "fwd", "--json"])
+    args = ["bench", "--quick", "--workload", "causal", "--n", "256", "--mode", "fwd", "--json"]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert {(r["workload"], r["n"], r["mode"]) for r in rows} == {("causal", 256, "fwd")}
-    bad = CliRunner().invoke(app, ["--suite", "nope"])
-    assert bad.exit_code != 0
+    bad = CliRunner().invoke(app, ["bench", "--suite", "nope"])
+    assert bad.exit_code == 2 and bad.output.count("\n") == 1 and "--suite must be one of" in bad.output
 
 
 def test_importing_bench_does_not_import_torch():
-    code = "import sys, qkv, qkv.bench, qkv.bench.cli; print('torch' in sys.modules)"
+    code = "import sys, qkv, qkv.bench, qkv.cli.bench; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

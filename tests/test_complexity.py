@@ -11,13 +11,12 @@ import math
 
 import numpy as np
 import pytest
-import typer
 from typer.testing import CliRunner
 
 import oracle as O
 from helpers import HAS_TORCH
 from qkv import masks
-from qkv._complexity_cli import complexity_command, measure
+from qkv.bench._memory import measure_attention as measure
 from qkv.complexity import estimate
 from qkv.errors import ArgumentError, DTypeError, MaskError, ShapeError
 
@@ -120,16 +119,19 @@ MEASURED = [  # each predicted at >= 10 MB: below that, allocator reuse of resid
     pytest.param("numpy", "flash", 2048, 16, "none", False, id="numpy-flash"),
     pytest.param("numpy", "flash", 1024, 16, "none", True, id="numpy-flash-backward"),
     pytest.param("torch", "flash", 2048, 32, "causal", True, id="torch-flash-causal-backward", marks=needs_torch),
-    pytest.param("torch", "torch", 2048, 8, "sliding:128", False, id="torch-sdpa-mask", marks=needs_torch),
+    pytest.param(
+        "torch", "torch", 2048, 8, "sliding_window:window=128", False, id="torch-sdpa-mask", marks=needs_torch
+    ),
     pytest.param("torch", "reference", 512, 8, "causal", True, id="torch-reference-backward", marks=needs_torch),
 ]
 
 
 @pytest.mark.parametrize("lib,impl,n,h,mask,backward", MEASURED)
 def test_predicted_peak_memory_is_within_2x_of_the_measured(lib, impl, n, h, mask, backward):
-    from qkv._complexity_cli import parse_mask
+    from qkv.masks.spec import build_mask, parse_mask_spec
 
-    e = estimate(n, heads=h, impl=impl, mask=parse_mask(mask), backward=backward)
+    kind, params = parse_mask_spec(mask)
+    e = estimate(n, heads=h, impl=impl, mask=build_mask(kind, n, n, **params), backward=backward)
     config = {
         "batch": 1,
         "heads": h,
@@ -155,9 +157,8 @@ def test_predicted_peak_memory_is_within_2x_of_the_measured(lib, impl, n, h, mas
 
 @pytest.fixture
 def cli():
-    app = typer.Typer()
-    app.command("complexity")(complexity_command)
-    app.callback()(lambda: None)  # keep "complexity" a subcommand
+    from qkv.cli import app
+
     runner = CliRunner()
     return lambda *args: runner.invoke(app, ["complexity", *args])
 
@@ -177,7 +178,7 @@ def test_cli_json_has_one_row_per_impl_and_n(cli):
         "--impl",
         "torch",
         "--mask",
-        "sliding:128",
+        "sliding_window:window=128",
         "--kv-heads",
         "2",
         "--backward",
@@ -194,9 +195,9 @@ def test_cli_json_has_one_row_per_impl_and_n(cli):
 @pytest.mark.parametrize(
     "args,words",
     [
-        (["--mask", "window"], "--mask must be none, causal or sliding:W"),
+        (["--mask", "window"], "unknown mask kind 'window'"),
         (["--n", "12,x"], "--n must be comma-separated integers"),
-        (["--impl", "fast"], "--impl must be among"),
+        (["--impl", "fast"], "--impl must be one of"),
         (["--heads", "6", "--kv-heads", "4"], "heads=6 is not a multiple of kv_heads=4"),
     ],
 )

@@ -14,10 +14,9 @@ import pytest
 
 import oracle as O
 import qkv
-from helpers import HAS_TORCH, assert_close, flash_tiles, make_qkv
+from helpers import HAS_TORCH, assert_close, make_qkv, tiled_attention, tiled_backward
 from qkv import masks
-from qkv._core import _call
-from qkv._impls import auto, flash
+from qkv._impls import build_call, flash
 
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
 
@@ -48,12 +47,11 @@ def test_forward_and_backward_score_only_the_tiles_the_mask_keeps(mask, monkeypa
     kept, partial = int((classes != masks.EMPTY).sum()), int((classes == masks.PARTIAL).sum())
     assert kept < classes.size  # the case has something to skip
     scored, evaluated = _count_tiles(monkeypatch)
-    with flash_tiles((4, 6)):
-        out, lse = qkv.attention(q, k, v, mask=mask, impl="flash", return_lse=True)
-        assert len(scored) == kept and len(evaluated) == partial
-        scored.clear(), evaluated.clear()
-        grads = qkv.attention_backward(np.ones_like(out), q, k, v, out, lse, mask=mask, impl="flash")
-        assert len(scored) == kept and len(evaluated) == partial
+    out, lse = tiled_attention(q, k, v, tiles=(4, 6), mask=mask, impl="flash", return_lse=True)
+    assert len(scored) == kept and len(evaluated) == partial
+    scored.clear(), evaluated.clear()
+    grads = tiled_backward(np.ones_like(out), q, k, v, out, lse, tiles=(4, 6), mask=mask, impl="flash")
+    assert len(scored) == kept and len(evaluated) == partial
     golden = O.attention_oracle(q, k, v, allowed=mask.dense(21, 21))
     assert_close(out, golden[0], name="out")
     fd = O.numerical_gradients(
@@ -70,8 +68,7 @@ def test_full_tiles_never_evaluate_the_mask(monkeypatch, rng):
         lambda i, j, nq, nk: calls.append(i.shape) or plain.allowed(i, j, nq, nk), "counting-causal", plain.tiles
     )
     q, k, v = make_qkv(rng, (1, 1, 16, 4), (1, 1, 16, 4))
-    with flash_tiles((4, 4)):
-        out = qkv.attention(q, k, v, mask=counting, impl="flash")
+    out = tiled_attention(q, k, v, tiles=(4, 4), mask=counting, impl="flash")
     n_partial = int((plain.blocks(16, 16, 4, 4) == masks.PARTIAL).sum())
     assert len([c for c in calls if c == (4, 1)]) == n_partial  # one evaluation per PARTIAL tile
     assert_close(out, O.attention_oracle(q, k, v, allowed=O.causal_allowed(16, 16))[0])
@@ -115,21 +112,8 @@ def test_long_sequence_forward_and_backward_stay_far_below_the_materialised_size
 
 
 def _chosen(q, k, v, **kw):
-    return auto(
-        _call(
-            q,
-            k,
-            v,
-            kw.pop("mask", None),
-            kw.pop("causal", False),
-            None,
-            kw.pop("score_mod", None),
-            0.0,
-            None,
-            kw.pop("weights", False),
-            kw.pop("lse", False),
-        )
-    ).name
+    kw["return_weights"], kw["return_lse"] = kw.pop("weights", False), kw.pop("lse", False)
+    return qkv.dispatch(q, k, v, **kw).impl
 
 
 def test_auto_on_numpy_uses_reference_for_small_and_flash_for_large_problems(rng):
@@ -166,7 +150,7 @@ def test_tile_choice_follows_narrow_masks_and_keeps_large_tiles_for_dense_work()
     z = np.zeros((1, 8, 8192, 64), np.float32)
 
     def tiles(mask):
-        return flash.choose_tiles(_call(z, z, z, mask, False, None, None))
+        return flash.choose_tiles(build_call(z, z, z, mask=mask))
 
     assert tiles(None) == (flash.BLOCK_Q, flash.BLOCK_K)
     assert tiles(masks.causal()) == (flash.BLOCK_Q, flash.BLOCK_K)

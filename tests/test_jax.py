@@ -15,10 +15,9 @@ jnp = pytest.importorskip("jax.numpy")
 
 import oracle as O  # noqa: E402
 import qkv  # noqa: E402
-from helpers import flash_tiles  # noqa: E402
+from helpers import tiled_attention, tiled_backward  # noqa: E402
 from qkv import masks, scores  # noqa: E402
-from qkv._core import _call  # noqa: E402
-from qkv._impls import JAX_FLASH_BYTES, auto  # noqa: E402
+from qkv._impls import JAX_FLASH_BYTES, build_call  # noqa: E402
 from qkv.errors import ArgumentError, DTypeError  # noqa: E402
 
 TOL64 = dict(rtol=1e-12, atol=1e-12)
@@ -270,12 +269,10 @@ def flash_inputs(rng):
 def test_flash_cases_have_empty_partial_and_full_tiles():
     """Every masked case skips EMPTY tiles and evaluates PARTIAL ones; causal and padding also run FULL ones."""
     for name in ("causal", "sliding-window", "document-causal", "padding-empty-rows"):
-        c = _call(
+        c = build_call(
             *J(*flash_inputs(np.random.default_rng(0))),
-            FLASH_CASES[name].get("mask"),
-            FLASH_CASES[name].get("causal", False),
-            None,
-            None,
+            mask=FLASH_CASES[name].get("mask"),
+            causal=FLASH_CASES[name].get("causal", False),
         )
         classes = set(np.unique(c.mask.blocks(16, 24, *TILES)).tolist())  # padding: per batch element
         assert {masks.EMPTY, masks.PARTIAL} <= classes, name
@@ -287,14 +284,13 @@ def test_flash_forward_and_backward_equal_numpy(rng, name):
     """out, weights, lse and attention_backward of impl="flash" on JAX = the same on NumPy (float64)."""
     kw = FLASH_CASES[name]
     q, k, v = flash_inputs(rng)
-    with flash_tiles(TILES):
-        want = qkv.attention(q, k, v, impl="flash", return_weights=True, return_lse=True, **kw)
-        got = qkv.attention(*J(q, k, v), impl="flash", return_weights=True, return_lse=True, **kw)
-        for g, w in zip(got, want, strict=True):
-            assert_jax_equal(g, w)
-        dout = rng.standard_normal(want[0].shape)
-        want_g = qkv.attention_backward(dout, q, k, v, want[0], want[2], impl="flash", **kw)
-        got_g = qkv.attention_backward(*J(dout, q, k, v, want[0], want[2]), impl="flash", **kw)
+    want = tiled_attention(q, k, v, tiles=TILES, impl="flash", return_weights=True, return_lse=True, **kw)
+    got = tiled_attention(*J(q, k, v), tiles=TILES, impl="flash", return_weights=True, return_lse=True, **kw)
+    for g, w in zip(got, want, strict=True):
+        assert_jax_equal(g, w)
+    dout = rng.standard_normal(want[0].shape)
+    want_g = tiled_backward(dout, q, k, v, want[0], want[2], tiles=TILES, impl="flash", **kw)
+    got_g = tiled_backward(*J(dout, q, k, v, want[0], want[2]), tiles=TILES, impl="flash", **kw)
     for g, w in zip(got_g, want_g, strict=True):
         assert_jax_equal(g, w)
         assert np.isfinite(w).all()
@@ -309,14 +305,14 @@ def test_flash_dense_masks_and_float32(rng):
     allowed[1, :, 5] = False  # an empty row
     bias = rng.standard_normal((1, 4, 16, 24))
     q32, k32, v32 = (x.astype(np.float32) for x in (q, k, v))
-    with flash_tiles(TILES):
-        for mask in (allowed, bias):
-            want = qkv.attention(q, k, v, mask=mask, impl="flash", return_lse=True)
-            got = qkv.attention(*J(q, k, v), mask=jnp.asarray(mask), impl="flash", return_lse=True)
-            for g, w in zip(got, want, strict=True):
-                assert_jax_equal(g, w)
-        want32 = qkv.attention(q32, k32, v32, mask=masks.sliding_window(6), impl="flash", return_lse=True)
-        got32 = qkv.attention(*J(q32, k32, v32), mask=masks.sliding_window(6), impl="flash", return_lse=True)
+    for mask in (allowed, bias):
+        want = tiled_attention(q, k, v, tiles=TILES, mask=mask, impl="flash", return_lse=True)
+        got = tiled_attention(*J(q, k, v), tiles=TILES, mask=jnp.asarray(mask), impl="flash", return_lse=True)
+        for g, w in zip(got, want, strict=True):
+            assert_jax_equal(g, w)
+    sw = masks.sliding_window(6)
+    want32 = tiled_attention(q32, k32, v32, tiles=TILES, mask=sw, impl="flash", return_lse=True)
+    got32 = tiled_attention(*J(q32, k32, v32), tiles=TILES, mask=sw, impl="flash", return_lse=True)
     for g, w in zip(got32, want32, strict=True):
         assert_jax_equal(g, w, TOL32)
 
@@ -328,12 +324,14 @@ def test_jax_grad_through_flash(rng):
     out, lse = qkv.attention(q, k, v, return_lse=True, **kw)
     dout = rng.standard_normal(out.shape)
     want = qkv.attention_backward(dout, q, k, v, out, lse, **kw)
-    with flash_tiles(TILES):
-        classes = (kw["mask"] & masks.causal()).blocks(12, 16, *TILES)
-        assert len(np.unique(classes)) == 3, classes
-        got = jax.jit(
-            jax.grad(lambda q, k, v: jnp.sum(qkv.attention(q, k, v, impl="flash", **kw) * dout), argnums=(0, 1, 2))
-        )(*J(q, k, v))
+    classes = (kw["mask"] & masks.causal()).blocks(12, 16, *TILES)
+    assert len(np.unique(classes)) == 3, classes
+    got = jax.jit(
+        jax.grad(
+            lambda q, k, v: jnp.sum(tiled_attention(q, k, v, tiles=TILES, impl="flash", **kw) * dout),
+            argnums=(0, 1, 2),
+        )
+    )(*J(q, k, v))
     for g, w in zip(got, want, strict=True):
         assert_jax_equal(g, w, dict(rtol=1e-10, atol=1e-12))
 
@@ -349,13 +347,13 @@ def test_flash_on_jax_skips_empty_tiles_and_never_evaluates_the_mask_on_full_one
     classes = plain.blocks(16, 24, *TILES)
     kept, partial = int((classes != masks.EMPTY).sum()), int((classes == masks.PARTIAL).sum())
     assert 0 < partial < kept < classes.size
-    with flash_tiles(TILES):
-        out, lse = qkv.attention(*J(q, k, v), mask=counting, score_mod=mod, impl="flash", return_lse=True)
-        assert len(scored) == kept and len([s for s in evaluated if s == (4, 1)]) == partial
-        scored.clear(), evaluated.clear()
-        dout = jnp.ones_like(out)
-        grads = qkv.attention_backward(dout, *J(q, k, v), out, lse, mask=counting, score_mod=mod, impl="flash")
-        assert len(scored) == kept and len([s for s in evaluated if s == (4, 1)]) == partial
+    kw = dict(tiles=TILES, mask=counting, score_mod=mod, impl="flash")
+    out, lse = tiled_attention(*J(q, k, v), return_lse=True, **kw)
+    assert len(scored) == kept and len([s for s in evaluated if s == (4, 1)]) == partial
+    scored.clear(), evaluated.clear()
+    dout = jnp.ones_like(out)
+    grads = tiled_backward(dout, *J(q, k, v), out, lse, **kw)
+    assert len(scored) == kept and len([s for s in evaluated if s == (4, 1)]) == partial
     golden = O.attention_oracle(q, k, v, allowed=O.causal_allowed(16, 24))[0]
     np.testing.assert_allclose(np.asarray(out), golden, **TOL64)
     want = qkv.attention_backward(np.ones_like(golden), q, k, v, golden, np.asarray(lse), causal=True)
@@ -364,7 +362,7 @@ def test_flash_on_jax_skips_empty_tiles_and_never_evaluates_the_mask_on_full_one
 
 
 def _chosen(q, k, v, **kw):
-    return auto(_call(q, k, v, kw.get("mask"), kw.get("causal", False), None, kw.get("score_mod"))).name
+    return qkv.dispatch(q, k, v, **kw).impl
 
 
 def test_auto_on_jax_picks_flash_for_large_concrete_problems_only():

@@ -18,8 +18,8 @@ from fastapi.testclient import TestClient  # noqa: E402
 import qkv  # noqa: E402
 from _lab_server import lab_server  # noqa: E402
 from oracle import alibi_slopes, attention_oracle, causal_allowed, sliding_window_allowed  # noqa: E402
-from qkv._mask_spec import MASK_KINDS  # noqa: E402
 from qkv.lab.app import PAGES, create_app  # noqa: E402
+from qkv.masks.spec import MASK_KINDS  # noqa: E402
 
 MAX_N = 32
 

@@ -106,12 +106,12 @@ def test_torch_matches_numpy_and_autograd_of_the_formula(rng, qs, ks, da):
 
 
 def test_additive_chunks_give_the_same_scores_and_gradients(rng, monkeypatch):
-    import qkv._scoring
+    import qkv.scores._functions
 
     q, k, _, w_q, w_k, v = _inputs(rng, (2, 9, 4), (2, 6, 3), 5)
     ds = rng.standard_normal((2, 9, 6))
     whole = S.additive(q, k, w_q, w_k, v), S.additive_backward(ds, q, k, w_q, w_k, v)
-    monkeypatch.setattr(qkv._scoring, "CHUNK", 2 * 6 * 5 * 2)  # two query rows per chunk: 5 chunks
+    monkeypatch.setattr(qkv.scores._functions, "CHUNK", 2 * 6 * 5 * 2)  # two query rows per chunk: 5 chunks
     np.testing.assert_allclose(S.additive(q, k, w_q, w_k, v), whole[0], atol=1e-13)
     for g, h in zip(S.additive_backward(ds, q, k, w_q, w_k, v), whole[1], strict=True):
         np.testing.assert_allclose(g, h, atol=1e-13)

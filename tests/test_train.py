@@ -8,10 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import typer  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from qkv._train_cli import train_command  # noqa: E402
 from qkv.errors import ArgumentError  # noqa: E402
 from qkv.train import TASKS, make_batch, train  # noqa: E402
 
@@ -109,12 +107,7 @@ def test_bad_arguments_raise():
 
 
 def _app():
-    app = typer.Typer()
-    app.command("train")(train_command)
-
-    @app.callback()
-    def root() -> None:
-        """qkv"""
+    from qkv.cli import app
 
     return app
 

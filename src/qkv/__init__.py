@@ -14,11 +14,12 @@ from . import positional as positional
 from . import scores as scores
 from ._core import attention as attention
 from ._core import attention_backward as attention_backward
+from ._core import dispatch as dispatch
 from ._explain import Trace as Trace
 from ._explain import explain as explain
 from ._hopfield import hopfield as hopfield
-from ._merge import merge_attention as merge_attention
 from ._softmax import logsumexp as logsumexp
+from ._softmax import merge_attention as merge_attention
 from ._softmax import softmax as softmax
 from ._version import __version__ as __version__
 
@@ -29,6 +30,7 @@ __all__ = [
     "attention_backward",
     "complexity",
     "diagnostics",
+    "dispatch",
     "errors",
     "explain",
     "hopfield",

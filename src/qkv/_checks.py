@@ -5,10 +5,93 @@ Impls trust the ``Dims`` they receive; each rule here has its own ``ShapeError``
 """
 
 import math
+from typing import Any
+
+import numpy as np
 
 from ._backend import dtype_name, is_floating
-from ._typing import Array, Dims
-from .errors import ArgumentError, DTypeError, ShapeError
+from ._typing import IMPLS, Array, Dims
+from .errors import ArgumentError, DTypeError, MaskError, QKVError, ShapeError
+
+# --------------------------------------------------------------------------- scalar arguments
+
+
+def _bounds(minimum: float | None, maximum: float | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f" in {minimum}..{maximum}"
+    if minimum is not None:
+        return f" >= {minimum}"
+    return f" <= {maximum}" if maximum is not None else ""
+
+
+def check_int(
+    value: Any,
+    name: str,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    error: type[QKVError] = ArgumentError,
+) -> int:
+    """``value`` as an ``int``: a Python or NumPy integer (never a bool) within the bounds.
+
+    Anything else raises ``error`` (``ArgumentError`` unless a mask or shape rule is checked)
+    naming the argument, the bounds and the value: ``n_features must be an integer >= 1, got 0``.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise error(f"{name} must be an integer{_bounds(minimum, maximum)}, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise error(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise error(f"{name} must be at most {maximum}, got {value!r}")
+    return int(value)
+
+
+def check_number(
+    value: Any,
+    name: str,
+    *,
+    positive: bool = False,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    error: type[QKVError] = ArgumentError,
+) -> float:
+    """``value`` as a finite ``float`` (``positive``: > 0) within the bounds; else ``error``."""
+    what = "a positive finite number" if positive else "a finite number"
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise error(f"{name} must be {what}{_bounds(minimum, maximum)}, got {value!r}") from None
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not math.isfinite(v)
+        or (positive and v <= 0)
+        or (minimum is not None and v < minimum)
+        or (maximum is not None and v > maximum)
+    ):
+        raise error(f"{name} must be {what}{_bounds(minimum, maximum)}, got {value!r}")
+    return v
+
+
+def check_flag(value: Any, name: str, *, error: type[QKVError] = ArgumentError) -> bool:
+    """``value`` as a ``bool``: only ``True`` / ``False`` (NumPy's too), never a truthy object."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise error(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_choice(value: Any, name: str, choices: tuple[str, ...], *, error: type[QKVError] = ArgumentError) -> str:
+    """``value`` if it is one of ``choices``; else ``error`` listing them."""
+    if not isinstance(value, str) or value not in choices:
+        raise error(f"{name} must be one of {list(choices)}, got {value!r}")
+    return value
+
+
+def check_impl(value: Any, name: str = "impl") -> str:
+    """One of ``IMPLS`` (``"auto"``, ``"reference"``, ``"flash"``, ``"torch"``)."""
+    return check_choice(value, name, IMPLS)
+
+
+# --------------------------------------------------------------------------- arrays
 
 
 def _shapes(**arrays: Array) -> str:
@@ -84,30 +167,19 @@ def check_scale(scale: float | None, dk: int) -> float:
     """The scale to use: ``1/sqrt(Dk)`` by default; a given one must be a finite number."""
     if scale is None:
         return 1.0 / math.sqrt(dk) if dk > 0 else 1.0
-    try:
-        s = float(scale)
-    except (TypeError, ValueError):
-        raise ArgumentError(f"scale must be a number, got {scale!r}") from None
-    if not math.isfinite(s):
-        raise ArgumentError(f"scale must be finite, got {scale!r}")
-    return s
+    return check_number(scale, "scale")
 
 
 def check_dropout(p: float) -> float:
     """Dropout probability in [0, 1)."""
-    try:
-        p = float(p)
-    except (TypeError, ValueError):
-        raise ArgumentError(f"dropout must be a probability in [0, 1), got {p!r}") from None
-    if not 0.0 <= p < 1.0:
+    v = check_number(p, "dropout", minimum=0.0)
+    if v >= 1.0:
         raise ArgumentError(f"dropout must be a probability in [0, 1), got {p!r}")
-    return p
+    return v
 
 
 def check_covers(name: str, shape: tuple[int, ...], score_shape: tuple[int, ...]) -> None:
     """A mask or bias of ``shape`` must broadcast to the scores without growing them."""
-    from .errors import MaskError
-
     n = max(len(shape), len(score_shape))
     a = (1,) * (n - len(shape)) + tuple(shape)
     b = (1,) * (n - len(score_shape)) + tuple(score_shape)

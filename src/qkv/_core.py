@@ -1,89 +1,70 @@
-"""``qkv.attention`` and ``qkv.attention_backward``: validate, normalise, dispatch.
+"""``qkv.attention``, ``qkv.attention_backward`` and ``qkv.dispatch``: validate, normalise, dispatch.
 
 The first lines turn the contract's shortcuts into one ``Mask``, one float bias and one
-``ScoreMod`` (``_impls._call.Call``); the impl computes ``Result(out, weights, lse)``; only
-the last line picks the tuple API.md promises.
+``ScoreMod`` (``_impls.build_call``); ``_impls.dispatch`` picks the impl and says why; the impl
+computes ``Result(out, weights, lse)``; only the last line picks the tuple API.md promises.
 """
 
 from typing import Any, Literal, overload
 
-from . import masks
-from ._backend import as_array, compute_dtype, device, is_bool, is_floating, namespace
-from ._checks import check_covers, check_dropout, check_qkv, check_scale
-from ._impls import Call, choose
+from ._backend import as_array, compute_dtype, device, namespace
+from ._impls import Call, Dispatch, build_call
+from ._impls import dispatch as _dispatch
 from ._impls._autograd import with_autograd
+from ._softmax import empty_result
 from ._typing import Array, Result
-from .errors import DTypeError, MaskError, ShapeError
-from .masks import Mask
+from .errors import ShapeError
 from .scores import ScoreMod
 
 
-def _split_mask(mask: Any, causal: bool) -> tuple[Mask | None, Array | None]:
-    """``mask=`` and ``causal=`` -> ``(Mask or None, float bias or None)``."""
-    bias = None
-    if mask is None or isinstance(mask, Mask):
-        m = mask
-    elif hasattr(mask, "dtype") and hasattr(mask, "shape"):
-        if is_bool(mask):
-            m = masks.from_dense(mask)
-        elif is_floating(mask):
-            m, bias = None, mask
-        else:
-            raise MaskError(
-                f"mask has dtype {str(mask.dtype).removeprefix('torch.')} and shape {tuple(mask.shape)}; "
-                "pass a boolean array (True = may attend), a float bias or a qkv.masks.Mask"
-            )
-    else:
-        raise MaskError(f"mask must be a boolean array, a float array or a qkv.masks.Mask, got {type(mask).__name__}")
-    if causal:
-        m = masks.causal() if m is None else m & masks.causal()
-    return m, bias
-
-
-def _call(q, k, v, mask, causal, scale, score_mod, dropout=0.0, rng=None, weights=False, lse=False) -> Call:
-    q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
-    arrays = {"q": q, "k": k, "v": v}
-    if mask is not None and not isinstance(mask, Mask) and hasattr(mask, "shape"):
-        arrays["mask"] = mask
-    namespace(**arrays)  # mixed NumPy / torch -> DTypeError (a TypeError)
-    dims = check_qkv(q, k, v)
-    m, bias = _split_mask(mask, causal)
-    if m is not None:
-        lead = m.tile(0, 1, 0, 1, dims.nq, dims.nk).shape[:-2]  # a 1x1 tile: batch axes, cheaply
-        check_covers("mask", (*lead, dims.nq, dims.nk), dims.score_shape)
-        if m.tiles is not None and (m.blocks(dims.nq, dims.nk, dims.nq, dims.nk) == masks.FULL).all():
-            m = None  # hides nothing here (e.g. causal for one query against a cache): no mask at all
-    if bias is not None:
-        check_covers("mask", tuple(bias.shape), dims.score_shape)
-    if score_mod is not None and not isinstance(score_mod, ScoreMod):
-        raise DTypeError(f"score_mod must be a qkv.scores.ScoreMod, got {type(score_mod).__name__}")
-    return Call(
-        q, k, v, dims, m, bias, score_mod, check_scale(scale, dims.dk), check_dropout(dropout), rng, weights, lse
+def _nothing_attended(c: Call) -> Result:
+    """Nq = 0 or Nk = 0: every query row attends nothing, so zeros and ``lse = -inf``."""
+    xp, d = namespace(q=c.q), c.dims
+    return empty_result(
+        xp, d.score_shape[:-1], d.nk, d.dv, c.q.dtype, compute_dtype(xp, c.q), device(c.q), weights=c.want_weights
     )
 
 
-def _no_keys_or_queries(c: Call) -> Result:
-    """Nq = 0 or Nk = 0: every query row attends nothing, so zeros and ``lse = -inf``."""
-    xp, d = namespace(q=c.q), c.dims
-    dev = device(c.q)
-    out = xp.zeros((*d.score_shape[:-1], d.dv), dtype=c.q.dtype, device=dev)
-    weights = xp.zeros(d.score_shape, dtype=c.q.dtype, device=dev)
-    lse = xp.full(d.score_shape[:-1], -float("inf"), dtype=compute_dtype(xp, c.q), device=dev)
-    return Result(out, weights, lse)
-
-
-def _no_gradients(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = None) -> tuple[Array, ...]:
+def _zero_gradients(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = None) -> tuple[Array, ...]:
     xp = namespace(q=c.q)
     return tuple(xp.zeros_like(x) for x in (c.q, c.k, c.v))
 
 
-_no_keys_or_queries_autograd = with_autograd(_no_keys_or_queries, _no_gradients)
+_nothing_attended_autograd = with_autograd(_nothing_attended, _zero_gradients)
 
 
 def _empty(c: Call) -> Result:
-    """``_no_keys_or_queries`` as one autograd node for torch (zero gradients, not a detached result)."""
-    res = _no_keys_or_queries_autograd(c)
-    return res if res.weights is not None else res._replace(weights=_no_keys_or_queries(c).weights)
+    """``_nothing_attended`` as one autograd node for torch (zero gradients, not a detached result)."""
+    res = _nothing_attended_autograd(c)
+    return res if res.weights is not None or not c.want_weights else res._replace(weights=_nothing_attended(c).weights)
+
+
+def run(c: Call, impl: str = "auto") -> Result:
+    """Run ``c`` on ``impl`` (``"auto"`` decides): ``Result(out, weights, lse)``.
+
+    What ``attention`` does between its first line and its last; tests and benchmarks that
+    build their own ``Call`` (e.g. with forced flash ``tiles``) run it here.
+    """
+    chosen, _ = _dispatch(impl, c)
+    return _empty(c) if c.dims.nq * c.dims.nk == 0 else chosen.forward(c)
+
+
+def dispatch(q: Array, k: Array, v: Array, *, impl: str = "auto", **attention_kwargs: Any) -> Dispatch:
+    """What ``qkv.attention(q, k, v, impl=impl, **attention_kwargs)`` would run, without running it.
+
+    Returns ``Dispatch(impl, engine, reason)``: ``impl`` is ``"reference"``, ``"flash"`` or
+    ``"torch"``; ``engine`` says how flash runs (``"native"``, the compiled tile loop, or
+    ``"array"``; None for the others); ``reason`` is one sentence. The arguments are checked
+    exactly as ``attention`` checks them (same errors); a named ``impl`` that cannot run the
+    call raises the same ``ArgumentError``.
+
+    >>> qkv.dispatch(q, k, v, causal=True)
+    Dispatch(impl='flash', engine='array', reason='...')
+    """
+    kw = dict(attention_kwargs)
+    want_weights, want_lse = kw.pop("return_weights", False), kw.pop("return_lse", False)
+    c = build_call(q, k, v, want_weights=want_weights, want_lse=want_lse, **kw)
+    return _dispatch(impl, c)[1]
 
 
 @overload
@@ -147,6 +128,8 @@ def attention(
       ``masks.causal()`` (bottom-right: query ``i`` sees key ``j <= i + Nk - Nq``).
     - ``score_mod``: a ``qkv.scores.ScoreMod`` applied to the scaled scores before masking.
     - ``dropout``: inverted dropout on the weights, drawn from ``rng``.
+    - ``impl``: ``"reference"``, ``"flash"``, ``"torch"`` or ``"auto"``; ``qkv.dispatch`` says
+      which one ``"auto"`` picks for a call, and why.
     - Returns ``out``, or ``(out, weights)``, ``(out, lse)``, ``(out, weights, lse)``;
       ``weights (*B, H, Nq, Nk)`` are those multiplied into ``v`` (after dropout);
       ``lse (*B, H, Nq)`` is float32 for half inputs. A row with nothing to attend gives
@@ -155,15 +138,44 @@ def attention(
     >>> out = attention(q, k, v, causal=True)
     >>> out, lse = attention(q, k, v, mask=masks.sliding_window(128), return_lse=True)
     """
-    c = _call(q, k, v, mask, causal, scale, score_mod, dropout, rng, return_weights, return_lse)
-    chosen = choose(impl, c)
-    res = _empty(c) if c.dims.nq * c.dims.nk == 0 else chosen.forward(c)
-    picked = [res.out]
-    if return_weights:
-        picked.append(res.weights)
-    if return_lse:
-        picked.append(res.lse)
-    return tuple(picked) if len(picked) > 1 else res.out  # API.md order: out, weights, lse
+    c = build_call(
+        q,
+        k,
+        v,
+        mask=mask,
+        causal=causal,
+        scale=scale,
+        score_mod=score_mod,
+        dropout=dropout,
+        rng=rng,
+        want_weights=return_weights,
+        want_lse=return_lse,
+    )
+    return picked(run(c, impl), return_weights, return_lse)
+
+
+def picked(res: Result, weights: bool, lse: bool) -> Any:
+    """The contract's return value: ``out``, or ``(out, weights)``, ``(out, lse)``, ``(out, weights, lse)``."""
+    chosen = [res.out]
+    if weights:
+        chosen.append(res.weights)
+    if lse:
+        chosen.append(res.lse)
+    return tuple(chosen) if len(chosen) > 1 else res.out  # API.md order: out, weights, lse
+
+
+def check_saved(c: Call, dout: Any, out: Any, lse: Any) -> tuple[Array, Array, Array]:
+    """``dout``, ``out (*B, H, Nq, Dv)`` and ``lse (*B, H, Nq)`` as arrays of ``c``'s kind, shapes checked."""
+    dout, out, lse = as_array(dout, "dout"), as_array(out, "out"), as_array(lse, "lse")
+    namespace(q=c.q, dout=dout, out=out, lse=lse)
+    expected = (*c.dims.score_shape[:-1], c.dims.dv)
+    for name, x, shape in (("dout", dout, expected), ("out", out, expected), ("lse", lse, expected[:-1])):
+        if tuple(x.shape) != shape:
+            raise ShapeError(
+                f"{name} has shape {tuple(x.shape)} but the forward pass gives {shape} "
+                f"(q: {tuple(c.q.shape)}, k: {tuple(c.k.shape)}, v: {tuple(c.v.shape)})"
+            )
+    return dout, out, lse
 
 
 def attention_backward(dout, q, k, v, out, lse, *, mask=None, causal=False, scale=None, score_mod=None, impl="auto"):
@@ -177,18 +189,14 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, causal=False, scal
         dV = Aᵀ dO    dA = dO Vᵀ    dS = A ∘ (dA − rowsum(dO ∘ O))
         dQ = dS K · scale           dK = dSᵀ Q · scale
     """
-    c = _call(q, k, v, mask, causal, scale, score_mod)
-    dout, out, lse = as_array(dout, "dout"), as_array(out, "out"), as_array(lse, "lse")
-    namespace(q=c.q, dout=dout, out=out, lse=lse)
-    expected = (*c.dims.score_shape[:-1], c.dims.dv)
-    for name, x, shape in (("dout", dout, expected), ("out", out, expected), ("lse", lse, expected[:-1])):
-        if tuple(x.shape) != shape:
-            raise ShapeError(
-                f"{name} has shape {tuple(x.shape)} but the forward pass gives {shape} "
-                f"(q: {tuple(c.q.shape)}, k: {tuple(c.k.shape)}, v: {tuple(c.v.shape)})"
-            )
-    chosen = choose(impl, c)
+    c = build_call(q, k, v, mask=mask, causal=causal, scale=scale, score_mod=score_mod)
+    return run_backward(c, dout, out, lse, impl)
+
+
+def run_backward(c: Call, dout: Any, out: Any, lse: Any, impl: str = "auto") -> tuple[Array, Array, Array]:
+    """``attention_backward`` for a built ``Call`` (``run``'s counterpart): ``(dq, dk, dv)``."""
+    dout, out, lse = check_saved(c, dout, out, lse)
+    chosen, _ = _dispatch(impl, c)
     if c.dims.nq * c.dims.nk == 0:  # nothing attended: every gradient is zero
-        xp = namespace(q=c.q)
-        return tuple(xp.zeros_like(x) for x in (c.q, c.k, c.v))
+        return _zero_gradients(dout, c, out, lse)
     return tuple(chosen.backward(dout, c, out, lse))

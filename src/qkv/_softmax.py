@@ -1,33 +1,65 @@
-"""Numerically stable softmax and log-sum-exp whose all ``-inf`` rows give zeros and ``-inf``.
+"""Softmax, log-sum-exp and merging partial results: the one home of the empty-row rule.
 
-Subtracting the row maximum keeps ``exp`` from overflowing; a row whose maximum is ``-inf``
-(nothing may be attended) is shifted by 0 instead, so ``exp(-inf - 0) = 0`` and no
-``-inf - (-inf) = nan`` ever appears, in the forward pass or in autograd's backward.
+Subtracting the row maximum keeps ``exp`` from overflowing (Milakov & Gimelshein,
+arXiv:1805.02867). A row whose maximum is ``-inf`` (nothing may be attended) is shifted by 0
+instead (``safe_max``), so ``exp(-inf - 0) = 0`` and no ``-inf - (-inf) = nan`` ever appears,
+in the forward pass or in autograd's backward. Every way qkv normalises ends in ``finalise``:
+from a sum ``l`` of shifted exponentials, the weighted accumulator and the shift ``m``, it
+gives the output and ``lse = log l + m``, or zeros and ``lse = -inf`` for an empty row
+(``l = 0``). ``softmax_lse``, the flash kernel's tile loop and ``merge_attention`` all use it.
+
+Merging partial results over disjoint key sets ``K = K_1 ∪ ... ∪ K_P`` is the same rescaling
+applied to whole results: with ``lse_p = log Σ_{j ∈ K_p} exp(s_j)``,
+
+    lse = log Σ_p exp(lse_p)        out = Σ_p exp(lse_p − lse) · out_p
+
+flash attention applies it tile by tile (arXiv:2205.14135), ring attention block by block
+across devices (Liu et al., arXiv:2310.01889), split-KV decoding across cache chunks.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
-from ._backend import as_array, compute_dtype, namespace
-from ._typing import Array
+from ._backend import as_array, compute_dtype, dtype_name, is_floating, namespace
+from ._typing import Array, Result
+from .errors import ArgumentError, DTypeError, ShapeError
 
 
-def _stats(xp: Any, x: Array, axis: int) -> tuple[Array, Array, Array]:
-    """Return ``(e, l, m)``: ``e = exp(x - m)``, ``l = sum(e)``, ``m`` the safe row max."""
-    m = xp.max(x, axis=axis, keepdims=True)
-    m = xp.where(xp.isfinite(m), m, xp.zeros_like(m))  # all -inf (or +inf) rows shift by 0
-    e = xp.exp(x - m)
-    return e, xp.sum(e, axis=axis, keepdims=True), m
+def safe_max(xp: Any, m: Array) -> Array:
+    """The shift to subtract: the row maximum ``m``, or 0 where it is not finite (an empty row)."""
+    return xp.where(xp.isfinite(m), m, xp.zeros_like(m))
+
+
+def finalise(xp: Any, acc: Array, l: Array, m: Array) -> tuple[Array, Array]:
+    """``(acc / l, log l + m)``; an empty row (``l = 0``) gives zeros and ``lse = -inf``.
+
+    ``acc (..., N, D)`` is the sum of ``exp(s - m) · value`` (the weights themselves for
+    softmax), ``l (..., N, 1)`` the sum of ``exp(s - m)``, ``m (..., N, 1)`` the shift used
+    (not yet made safe). ``lse`` keeps the trailing axis of ``l``.
+    """
+    nonempty = l > 0
+    safe_l = xp.where(nonempty, l, xp.ones_like(l))
+    lse = xp.where(nonempty, xp.log(safe_l) + safe_max(xp, m), xp.full_like(l, -float("inf")))
+    return acc / safe_l, lse
+
+
+def empty_result(
+    xp: Any, lead: tuple[int, ...], nk: int, dv: int, dtype: Any, lse_dtype: Any, device: Any, weights: bool = True
+) -> Result:
+    """The result of rows that attend nothing: zero ``out (*lead, Dv)``, zero ``weights
+    (*lead, Nk)`` (when asked for) and ``lse (*lead) = -inf``."""
+    out = xp.zeros((*lead, dv), dtype=dtype, device=device)
+    w = xp.zeros((*lead, nk), dtype=dtype, device=device) if weights else None
+    return Result(out, w, xp.full(lead, -float("inf"), dtype=lse_dtype, device=device))
 
 
 def softmax_lse(xp: Any, x: Array, axis: int = -1) -> tuple[Array, Array]:
     """``(softmax(x), logsumexp(x))`` along ``axis`` in the dtype of ``x``; lse keeps no axis."""
     if x.shape[axis] == 0:  # an empty row: nothing to attend
         return x, xp.full(tuple(n for a, n in enumerate(x.shape) if a != axis % x.ndim), -float("inf"), dtype=x.dtype)
-    e, l, m = _stats(xp, x, axis)
-    nonempty = l > 0
-    safe_l = xp.where(nonempty, l, xp.ones_like(l))
-    a = e / safe_l
-    lse = xp.where(nonempty, xp.log(safe_l) + m, xp.full_like(l, -float("inf")))
+    m = xp.max(x, axis=axis, keepdims=True)
+    e = xp.exp(x - safe_max(xp, m))
+    a, lse = finalise(xp, e, xp.sum(e, axis=axis, keepdims=True), m)
     return a, xp.squeeze(lse, axis=axis)
 
 
@@ -54,3 +86,58 @@ def logsumexp(x: Array, axis: int = -1) -> Array:
     xp = namespace(x=x)
     _, lse = softmax_lse(xp, xp.astype(x, compute_dtype(xp, x)), axis)
     return lse
+
+
+def _check(outs: Sequence[Any], lses: Sequence[Any]) -> tuple[list[Array], list[Array]]:
+    if isinstance(outs, (str, bytes)) or not hasattr(outs, "__len__") or not hasattr(lses, "__len__"):
+        raise ArgumentError("outs and lses must be sequences (lists or tuples) of arrays, one entry per part")
+    outs = [as_array(o, f"outs[{p}]") for p, o in enumerate(outs)]
+    lses = [as_array(s, f"lses[{p}]") for p, s in enumerate(lses)]
+    if len(outs) != len(lses):
+        raise ArgumentError(f"outs has {len(outs)} parts but lses has {len(lses)}; pass one lse per partial output")
+    if not outs:
+        raise ArgumentError("merge_attention needs at least one part, got outs=[] and lses=[]")
+    namespace(**{f"outs[{p}]": o for p, o in enumerate(outs)}, **{f"lses[{p}]": s for p, s in enumerate(lses)})
+    first = tuple(outs[0].shape)
+    if len(first) < 2:
+        raise ShapeError(f"outs[0] has shape {first}; partial outputs are (..., Nq, Dv)")
+    for p, (o, s) in enumerate(zip(outs, lses, strict=True)):
+        for name, x in ((f"outs[{p}]", o), (f"lses[{p}]", s)):
+            if not is_floating(x):
+                raise DTypeError(f"{name} has dtype {dtype_name(x)}; partial results must be floating-point")
+        if tuple(o.shape) != first:
+            raise ShapeError(
+                f"outs[{p}] has shape {tuple(o.shape)} but outs[0] has {first}; every part covers "
+                "the same queries (..., Nq, Dv)"
+            )
+        if tuple(s.shape) != first[:-1]:
+            raise ShapeError(
+                f"lses[{p}] has shape {tuple(s.shape)} but outs[{p}] has {first}; lse is (..., Nq), "
+                "the output's shape without Dv"
+            )
+    return outs, lses
+
+
+def merge_attention(outs: Sequence[Array], lses: Sequence[Array]) -> tuple[Array, Array]:
+    """Merge partial attention results over disjoint key sets into the result over their union.
+
+    ``outs[p] (..., Nq, Dv)`` and ``lses[p] (..., Nq)`` (natural-log log-sum-exp of each score
+    row, as ``qkv.attention(..., return_lse=True)`` gives) for parts ``p = 0 .. P-1``.
+    Returns ``(out (..., Nq, Dv), lse (..., Nq))``, the same kind of array (differentiable for
+    torch). A part with ``lse = -inf`` contributes nothing; a row where every part is empty
+    gives zeros and ``lse = -inf`` (never NaN). Half precision is merged in float32; ``out``
+    comes back in the dtype of ``outs``, ``lse`` in float32 (as ``qkv.attention`` gives it).
+
+    >>> o1, l1 = qkv.attention(q, k[..., :5, :], v[..., :5, :], return_lse=True)
+    >>> o2, l2 = qkv.attention(q, k[..., 5:, :], v[..., 5:, :], return_lse=True)
+    >>> out, lse = qkv.merge_attention([o1, o2], [l1, l2])   # == qkv.attention(q, k, v, return_lse=True)
+    """
+    outs, lses = _check(outs, lses)
+    xp = namespace(out=outs[0])
+    ct = compute_dtype(xp, outs[0])
+    o = xp.stack([x if x.dtype == ct else xp.astype(x, ct) for x in outs])  # (P, ..., Nq, Dv)
+    lse = xp.stack([x if x.dtype == ct else xp.astype(x, ct) for x in lses])[..., None]  # (P, ..., Nq, 1)
+    m = xp.max(lse, axis=0)
+    w = xp.exp(lse - safe_max(xp, m))  # each part's share, up to the common factor exp(m)
+    out, merged = finalise(xp, xp.sum(w * o, axis=0), xp.sum(w, axis=0), m)
+    return (out if out.dtype == outs[0].dtype else xp.astype(out, outs[0].dtype)), merged[..., 0]

@@ -7,7 +7,7 @@ use the single letters.
     H//Hkv       r    query heads per kv head        Dv   dv  e   value features
 """
 
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 Array = Any  # a NumPy ndarray or a torch.Tensor; the array API namespace tells which
 
@@ -46,3 +46,14 @@ class Result(NamedTuple):
     out: Array
     weights: Array | None
     lse: Array | None
+
+
+Impl = Literal["auto", "reference", "flash", "torch"]
+"""``impl=`` of ``qkv.attention``: ``"auto"`` picks one of the other three for each call."""
+
+IMPLS: tuple[str, ...] = get_args(Impl)
+"""``("auto", "reference", "flash", "torch")``: the one list every consumer (the registry,
+``complexity``, the command line, the lab, the integrations) checks names against."""
+
+Engine = Literal["native", "array"]
+"""How ``"flash"`` runs: the compiled tile loop (``"native"``) or array-API code (``"array"``)."""

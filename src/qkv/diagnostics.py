@@ -25,9 +25,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._backend import as_array, compute_dtype, device, dtype_name, from_numpy, is_bool, is_floating, namespace
-from ._mask import Mask
 from ._typing import Array
 from .errors import ArgumentError, DTypeError, MaskError, ShapeError
+from .masks import Mask
 
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
 """Default bound on ``|row sum − 1|`` per dtype: a few units of the dtype's rounding of the

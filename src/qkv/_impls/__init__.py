@@ -35,18 +35,20 @@ from typing import Any, NamedTuple
 
 from .. import masks
 from .._backend import HALF, dtype_name, is_jax
-from .._typing import Array, Result
+from .._checks import check_impl
+from .._typing import Result
 from ..errors import ArgumentError
 from . import flash, reference, torch_sdpa
 from ._autograd import with_autograd
 from ._call import Call as Call
+from ._call import build_call as build_call
 
 
 class Impl(NamedTuple):
     name: str
     supports: Callable[[Call], str | None]
     forward: Callable[[Call], Result]
-    backward: Callable[[Array, Call, Array, Array], Any]
+    backward: Callable[..., Any]
 
 
 IMPLS: dict[str, Impl] = {
@@ -54,8 +56,25 @@ IMPLS: dict[str, Impl] = {
     "torch": Impl("torch", torch_sdpa.supports, torch_sdpa.forward, torch_sdpa.backward),
     "flash": Impl("flash", flash.supports, with_autograd(flash.forward, flash.backward), flash.backward),
 }
+
+
+class Dispatch(NamedTuple):
+    """What runs a call: ``impl`` (``"reference"``, ``"flash"`` or ``"torch"``), for flash its
+    ``engine`` (``"native"``: the compiled tile loop; ``"array"``: array-API code; None for the
+    others) and the ``reason``, one sentence."""
+
+    impl: str
+    engine: str | None
+    reason: str
+
+
 SMALL = 256 * 256
 """Below this many score entries per head the reference impl beats the tiled one (BENCHMARKS.md)."""
+
+JAX_FLASH_BYTES = 32 * 2**20
+"""From this many bytes of scores (B·H·Nq·Nk in the compute dtype) the flash kernel beats the
+reference on eager JAX arrays: float32 (1, 4, N, 64) causal, flash / reference time 3.7 at
+N = 1024 (16 MiB), 0.59 at N = 1536 (36 MiB), 0.62 at N = 2048; (1, 8, 1024, 64) 0.66."""
 
 
 def _kept_fraction(c: Call) -> float:
@@ -65,12 +84,6 @@ def _kept_fraction(c: Call) -> float:
     return float((classes != 0).mean())
 
 
-JAX_FLASH_BYTES = 32 * 2**20
-"""From this many bytes of scores (B·H·Nq·Nk in the compute dtype) the flash kernel beats the
-reference on eager JAX arrays: float32 (1, 4, N, 64) causal, flash / reference time 3.7 at
-N = 1024 (16 MiB), 0.59 at N = 1536 (36 MiB), 0.62 at N = 2048; (1, 8, 1024, 64) 0.66."""
-
-
 def _traced(c: Call) -> bool:
     import jax  # only reached with JAX arrays in hand
 
@@ -78,40 +91,64 @@ def _traced(c: Call) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in arrays)
 
 
-def _auto_jax(c: Call) -> Impl:
+def _auto_jax(c: Call) -> tuple[str, str]:
     """Rule J of the decision table."""
     d = c.dims
     score_bytes = math.prod(d.score_shape) * (4 if dtype_name(c.q) in HALF else c.q.dtype.itemsize)
-    if score_bytes >= JAX_FLASH_BYTES and IMPLS["flash"].supports(c) is None and not _traced(c):
-        return IMPLS["flash"]
-    return IMPLS["reference"]
+    mib, floor = score_bytes / 2**20, JAX_FLASH_BYTES >> 20
+    if score_bytes < JAX_FLASH_BYTES:
+        return "reference", f"JAX arrays with {mib:.3g} MiB of scores, under the {floor} MiB where tiles pay (rule J)"
+    if _traced(c):
+        return "reference", "JAX arrays traced by jax.grad or jax.jit: tiles would be differentiated op by op (rule J)"
+    why = IMPLS["flash"].supports(c)
+    if why is not None:
+        return "reference", f"JAX arrays, and {why} (rule J)"
+    return "flash", f"JAX arrays with {mib:.3g} MiB of scores; from {floor} MiB the tile loop wins (rule J)"
 
 
-def auto(c: Call) -> Impl:
-    """The fastest exact impl for ``c`` (decision table in the module docstring)."""
+def auto(c: Call) -> tuple[str, str]:
+    """``(impl name, reason)``: the fastest exact impl for ``c`` (decision table in the module docstring)."""
     d = c.dims
     if is_jax(c.q):
         return _auto_jax(c)
-    sdpa = IMPLS["torch"].supports(c) is None
-    if d.grouped and d.nq <= 16 and IMPLS["flash"].supports(c) is None:
-        return IMPLS["flash"]
+    sdpa_why = IMPLS["torch"].supports(c)
+    flash_why = IMPLS["flash"].supports(c)
+    if d.grouped and d.nq <= 16 and flash_why is None:
+        return "flash", f"a grouped decode step (Hkv={d.hkv} < H={d.h}, Nq={d.nq} <= 16): K, V read once (rule 0)"
     plain = c.mask is None or (c.mask is masks.causal() and d.nq == d.nk)
-    if sdpa and plain:
-        return IMPLS["torch"]
+    if sdpa_why is None and plain:
+        return "torch", "torch tensors, no mask or the plain causal mask: SDPA's fused kernel (rule 1)"
     if d.nq * d.nk < SMALL:
-        return IMPLS["torch" if sdpa else "reference"]
-    if IMPLS["flash"].supports(c) is None and (not sdpa or _kept_fraction(c) <= 0.5):
-        return IMPLS["flash"]
-    return IMPLS["torch" if sdpa else "reference"]
+        small = f"Nq·Nk = {d.nq * d.nk} < {SMALL} score entries per head, where tiling only adds overhead"
+        return ("torch", f"{small}: SDPA (rule 2)") if sdpa_why is None else ("reference", f"{small} (rule 2)")
+    if flash_why is None:
+        if sdpa_why is not None:
+            return "flash", f"{d.nq}x{d.nk} scores per head, which SDPA cannot run ({sdpa_why}) (rule 3)"
+        kept = _kept_fraction(c)
+        if kept <= 0.5:
+            return "flash", f"the mask hides {1 - kept:.0%} of the tiles, which the flash kernel skips (rule 3)"
+    if sdpa_why is None:
+        return "torch", "dense work with an explicit mask: SDPA (rule 4)"
+    return "reference", f"the flash kernel cannot run this call ({flash_why}) (rule 5)"
 
 
-def choose(impl: str, call: Call) -> Impl:
-    """The impl named ``impl`` (or the one ``"auto"`` picks); raises if it cannot run ``call``."""
+def dispatch(impl: str, c: Call) -> tuple[Impl, Dispatch]:
+    """The impl that runs ``c`` for ``impl=`` (``"auto"`` decides) and the ``Dispatch`` that says why.
+
+    A named impl that cannot give the contract's exact semantics for ``c`` raises
+    ``ArgumentError`` with the reason.
+    """
+    check_impl(impl)
     if impl == "auto":
-        return auto(call)
-    if impl not in IMPLS:
-        raise ArgumentError(f"impl must be one of {['auto', *IMPLS]}, got {impl!r}")
-    why = IMPLS[impl].supports(call)
-    if why is not None:
-        raise ArgumentError(f"impl={impl!r} cannot run this call exactly: {why}; use impl='auto' or 'reference'")
-    return IMPLS[impl]
+        name, reason = auto(c)
+    else:
+        why = IMPLS[impl].supports(c)
+        if why is not None:
+            raise ArgumentError(f"impl={impl!r} cannot run this call exactly: {why}; use impl='auto' or 'reference'")
+        name, reason = impl, f"impl={impl!r} was asked for"
+    return IMPLS[name], Dispatch(name, "array" if name == "flash" else None, reason)
+
+
+def choose(impl: str, c: Call) -> Impl:
+    """The impl named ``impl`` (or the one ``"auto"`` picks); raises if it cannot run ``c``."""
+    return dispatch(impl, c)[0]

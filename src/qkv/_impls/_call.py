@@ -1,18 +1,29 @@
-"""One normalised attention call, as every impl receives it.
+"""One normalised attention call, as every impl receives it, and the one function that builds it.
 
-``qkv.attention`` turns its keyword shortcuts into this record in its first lines: one
-``Mask`` (``causal=`` and boolean arrays folded in), one float bias, one ``ScoreMod``, a
-numeric scale. Impls never see ``causal=`` or an array mask.
+``build_call`` is what ``qkv.attention`` runs in its first lines (and ``explain``, the ring's
+blocks and the benchmarks with it): it checks the arrays, turns the contract's shortcuts into
+one ``Mask`` (``causal=`` and boolean arrays folded in), one float bias and one ``ScoreMod``,
+and a numeric scale. Impls never see ``causal=`` or an array mask.
 """
 
 from typing import Any, NamedTuple
 
+from .. import masks
+from .._backend import as_array, is_bool, is_floating, namespace
+from .._checks import check_covers, check_dropout, check_flag, check_int, check_qkv, check_scale
 from .._typing import Array, Dims
+from ..errors import ArgumentError, DTypeError, MaskError
 from ..masks import Mask
 from ..scores import ScoreMod
 
 
 class Call(NamedTuple):
+    """A validated call: ``q (*B, H, Nq, Dk)``, ``k (*B, Hkv, Nk, Dk)``, ``v (*B, Hkv, Nk, Dv)``,
+    their ``dims``, one ``mask`` (None: every key), one float ``bias`` broadcasting to
+    ``(*B, H, Nq, Nk)``, one ``score_mod``, the numeric ``scale``; dropout and its ``rng``;
+    which extra outputs are wanted; ``tiles = (block_q, block_k)`` forces the flash kernel's
+    tile sizes (None: the kernel chooses)."""
+
     q: Array
     k: Array
     v: Array
@@ -25,3 +36,95 @@ class Call(NamedTuple):
     rng: Any = None
     want_weights: bool = False
     want_lse: bool = False
+    tiles: tuple[int, int] | None = None
+
+
+def split_mask(mask: Any, causal: bool) -> tuple[Mask | None, Array | None]:
+    """``mask=`` and ``causal=`` -> ``(Mask or None, float bias or None)``."""
+    bias = None
+    if mask is None or isinstance(mask, Mask):
+        m = mask
+    elif hasattr(mask, "dtype") and hasattr(mask, "shape"):
+        if is_bool(mask):
+            m = masks.from_dense(mask)
+        elif is_floating(mask):
+            m, bias = None, mask
+        else:
+            raise MaskError(
+                f"mask has dtype {str(mask.dtype).removeprefix('torch.')} and shape {tuple(mask.shape)}; "
+                "pass a boolean array (True = may attend), a float bias or a qkv.masks.Mask"
+            )
+    else:
+        raise MaskError(f"mask must be a boolean array, a float array or a qkv.masks.Mask, got {type(mask).__name__}")
+    if check_flag(causal, "causal"):
+        m = masks.causal() if m is None else m & masks.causal()
+    return m, bias
+
+
+def check_mask_covers(mask: Mask | None, bias: Array | None, score_shape: tuple[int, ...]) -> None:
+    """A ``Mask`` and a float bias must broadcast to the scores ``(*B, H, Nq, Nk)`` without growing them."""
+    nq, nk = score_shape[-2], score_shape[-1]
+    if mask is not None:
+        lead = mask.tile(0, 1, 0, 1, nq, nk).shape[:-2]  # a 1x1 tile: batch axes, cheaply
+        check_covers("mask", (*lead, nq, nk), score_shape)
+    if bias is not None:
+        check_covers("mask", tuple(bias.shape), score_shape)
+
+
+def _tiles(tiles: Any) -> tuple[int, int] | None:
+    if tiles is None:
+        return None
+    if not isinstance(tiles, tuple) or len(tiles) != 2:
+        raise ArgumentError(f"tiles must be a pair (block_q, block_k), got {tiles!r}")
+    return check_int(tiles[0], "tiles block_q", minimum=1), check_int(tiles[1], "tiles block_k", minimum=1)
+
+
+def build_call(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Any = None,
+    causal: bool = False,
+    scale: float | None = None,
+    score_mod: ScoreMod | None = None,
+    dropout: float = 0.0,
+    rng: Any = None,
+    want_weights: bool = False,
+    want_lse: bool = False,
+    tiles: tuple[int, int] | None = None,
+) -> Call:
+    """Validate ``qkv.attention``'s arguments and normalise them into a ``Call``.
+
+    Raises the contract's errors (``ShapeError``, ``MaskError``, ``DTypeError``,
+    ``ArgumentError``) naming the argument, the axis and the sizes. A mask whose tiles are
+    classified analytically and that hides nothing for this call (e.g. ``causal`` for one query
+    against a cache) is dropped: the impls then run the unmasked path.
+    """
+    q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
+    arrays = {"q": q, "k": k, "v": v}
+    if mask is not None and not isinstance(mask, Mask) and hasattr(mask, "shape"):
+        arrays["mask"] = mask
+    namespace(**arrays)  # mixed NumPy / torch -> DTypeError (a TypeError)
+    dims = check_qkv(q, k, v)
+    m, bias = split_mask(mask, causal)
+    check_mask_covers(m, bias, dims.score_shape)
+    if m is not None and m.tiles is not None and (m.blocks(dims.nq, dims.nk, dims.nq, dims.nk) == masks.FULL).all():
+        m = None  # hides nothing here: no mask at all
+    if score_mod is not None and not isinstance(score_mod, ScoreMod):
+        raise DTypeError(f"score_mod must be a qkv.scores.ScoreMod, got {type(score_mod).__name__}")
+    return Call(
+        q,
+        k,
+        v,
+        dims,
+        m,
+        bias,
+        score_mod,
+        check_scale(scale, dims.dk),
+        check_dropout(dropout),
+        rng,
+        check_flag(want_weights, "return_weights"),
+        check_flag(want_lse, "return_lse"),
+        _tiles(tiles),
+    )

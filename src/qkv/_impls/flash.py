@@ -23,15 +23,30 @@ from typing import Any
 import numpy as np
 
 from .. import masks
-from .._backend import add_, compute_dtype, device, exp_sub_, from_numpy, iadd_, imul_, in_place, namespace, set_
+from .._backend import (
+    add_,
+    compute_dtype,
+    device,
+    exp_sub_,
+    from_numpy,
+    iadd_,
+    imul_,
+    in_place,
+    namespace,
+    set_,
+    unbroadcast,
+)
+from .._heads import cast, group_q, ungroup
+from .._softmax import finalise, safe_max
 from .._typing import Array, Result
 from ._call import Call
-from .reference import cast, group_q, ungroup
+from .reference import recomputed
 
 BLOCK_Q = 256
 BLOCK_K = 512
 """Default tile sizes (see BENCHMARKS.md: 256 x 512 float32 scores are 512 KiB per head, and
-large enough that per-tile Python overhead stays under a few percent)."""
+large enough that per-tile Python overhead stays under a few percent). A call forces others
+with ``Call.tiles`` (``build_call(..., tiles=(bq, bk))``: tests and benchmarks)."""
 
 
 def tile_sizes(nq: int, nk: int, block_q: int | None = None, block_k: int | None = None) -> tuple[int, int]:
@@ -51,8 +66,8 @@ PARTIAL_COST = 1.7  # a PARTIAL tile costs ~1.7x a FULL one per entry (mask tile
 TILE_OVERHEAD = 43_000  # per-tile Python and dispatch cost, in entry-heads (~90 us at ~2 ns per entry-head)
 
 
-def choose_tiles(c: Call, block_q: int | None = None, block_k: int | None = None) -> tuple[int, int]:
-    """Tile sizes for ``c``: given ones, else the candidate with the lowest modelled cost.
+def choose_tiles(c: Call) -> tuple[int, int]:
+    """Tile sizes for ``c``: ``c.tiles`` when given, else the candidate with the lowest modelled cost.
 
     Dense calls keep the large default tiles; a narrow band (sliding window, causal documents)
     is followed more closely by small tiles, which keep fewer hidden entries (BENCHMARKS.md:
@@ -60,8 +75,10 @@ def choose_tiles(c: Call, block_q: int | None = None, block_k: int | None = None
     are classified analytically are modelled, so choosing costs no mask evaluation.
     """
     d = c.dims
-    if block_q is not None or block_k is not None or c.mask is None or c.mask.tiles is None:
-        return tile_sizes(d.nq, d.nk, block_q, block_k)
+    if c.tiles is not None:
+        return tile_sizes(d.nq, d.nk, *c.tiles)
+    if c.mask is None or c.mask.tiles is None:
+        return tile_sizes(d.nq, d.nk)
     heads = math.prod(d.score_shape[:-2])
     best: tuple[float, tuple[int, int]] | None = None
     for bq, bk in CANDIDATES:
@@ -150,10 +167,10 @@ def _blocks(n: int, size: int) -> list[tuple[int, int]]:
     return [(a, min(a + size, n)) for a in range(0, n, size)]
 
 
-def forward(c: Call, block_q: int | None = None, block_k: int | None = None) -> Result:
+def forward(c: Call) -> Result:
     xp = namespace(q=c.q, k=c.k, v=c.v)
     d = c.dims
-    block_q, block_k = choose_tiles(c, block_q, block_k)
+    block_q, block_k = choose_tiles(c)
     ct = compute_dtype(xp, c.q)
     tiles = _Tiles(xp, c, c.q, c.k, ct)
     vg = c.v
@@ -171,7 +188,7 @@ def forward(c: Call, block_q: int | None = None, block_k: int | None = None) -> 
             k0, k1 = kblocks[bj]
             s, _ = tiles.scores(q0, q1, k0, k1, int(classes[bi, bj]))
             m_new = xp.maximum(m, xp.max(s, axis=-1, keepdims=True))
-            m_safe = xp.where(xp.isfinite(m_new), m_new, xp.zeros_like(m_new))  # all -inf so far: shift by 0
+            m_safe = safe_max(xp, m_new)  # all -inf so far: shift by 0
             p = exp_sub_(s, m_safe)
             alpha = xp.exp(m - m_safe)  # rescales what was summed under the old maximum
             vb = vg[..., k0:k1, :]
@@ -181,17 +198,10 @@ def forward(c: Call, block_q: int | None = None, block_k: int | None = None) -> 
             acc = acc * alpha + ungroup(xp, group_q(xp, p, d) @ vb, d)
             m = m_new
             del s, p  # free this tile before the next one is allocated: one score tile alive, not two
-        nonempty = l > 0
-        safe_l = xp.where(nonempty, l, xp.ones_like(l))
-        m_safe = xp.where(xp.isfinite(m), m, xp.zeros_like(m))
+        o, row_lse = finalise(xp, acc, l, m)
         # written in place (NumPy, torch): no list to concatenate
-        out = set_(out, (..., slice(q0, q1), slice(None)), cast(xp, acc / safe_l, c.q.dtype), inplace)
-        lse = set_(
-            lse,
-            (..., slice(q0, q1)),
-            xp.where(nonempty, xp.log(safe_l) + m_safe, xp.full_like(l, -float("inf")))[..., 0],
-            inplace,
-        )
+        out = set_(out, (..., slice(q0, q1), slice(None)), cast(xp, o, c.q.dtype), inplace)
+        lse = set_(lse, (..., slice(q0, q1)), row_lse[..., 0], inplace)
     weights = _weights(xp, c, lse, tiles, classes, block_q, block_k) if c.want_weights else None
     return Result(out, weights, lse)
 
@@ -201,46 +211,32 @@ def _weights(xp: Any, c: Call, lse: Array, tiles: _Tiles, classes: np.ndarray, b
     d = c.dims
     rows = []
     for bi, (q0, q1) in enumerate(_blocks(d.nq, bq)):
-        lse_b = lse[..., q0:q1, None]
-        finite = xp.isfinite(lse_b)
-        shift = xp.where(finite, lse_b, xp.zeros_like(lse_b))
         cols = []
         for bj, (k0, k1) in enumerate(_blocks(d.nk, bk)):
             if classes[bi, bj] == masks.EMPTY:
                 cols.append(xp.zeros((*d.score_shape[:-2], q1 - q0, k1 - k0), dtype=lse.dtype))
                 continue
             s, _ = tiles.scores(q0, q1, k0, k1, int(classes[bi, bj]))
-            a = xp.exp(s - shift)
-            cols.append(xp.where(finite, a, xp.zeros_like(a)))
+            cols.append(recomputed(xp, s, lse[..., q0:q1]))
         rows.append(xp.concat(cols, axis=-1))
     return xp.astype(xp.concat(rows, axis=-2), c.q.dtype)
 
 
-def backward(
-    dout: Array,
-    c: Call,
-    out: Array,
-    lse: Array,
-    dlse: Array | None = None,
-    block_q: int | None = None,
-    block_k: int | None = None,
-) -> tuple[Array, Array, Array]:
+def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = None) -> tuple[Array, Array, Array]:
     """Gradients by tiles, recomputing ``A = exp(S - lse)`` (FlashAttention-2, Algorithm 2).
 
     ``D = rowsum(dO ∘ O)``; per tile ``dV += Aᵀ dO``, ``dS = A ∘ (dO Vᵀ − D + dlse)`` through
     the score mod's derivative, ``dQ += dS K · scale``, ``dK += dSᵀ Q · scale``. ``dlse`` is
     the gradient reaching ``lse`` when the caller used it (``∂lse/∂S = A``).
     """
-    from .._backend import unbroadcast
-
     xp = namespace(dout=dout, q=c.q, k=c.k, v=c.v)
     d = c.dims
-    block_q, block_k = choose_tiles(c, block_q, block_k)
+    block_q, block_k = choose_tiles(c)
     ct = compute_dtype(xp, c.q)
     tiles = _Tiles(xp, c, c.q, c.k, ct)
     classes = tile_classes(c, block_q, block_k)
     lse = cast(xp, lse, ct)[..., None]
-    shift = xp.where(xp.isfinite(lse), lse, xp.zeros_like(lse))
+    shift = safe_max(xp, lse)
     vg = c.v
     lead = d.score_shape[:-2]
     kv_lead = (*lead[:-1], d.hkv) if d.grouped else lead

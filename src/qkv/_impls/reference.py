@@ -1,16 +1,28 @@
-"""The reference implementation: scores materialised, every step plain to read.
+"""The reference implementation: scores materialised, every step a named function.
 
 This is the code to open to learn what ``qkv.attention`` means (Vaswani et al.,
 arXiv:1706.03762, eq. 1):
 
-    S = Q Kᵀ · scale            (*B, H, Nq, Nk)
-    S = score_mod(S) + bias     positions aligned bottom-right
-    S = where(mask, S, -inf)    True = may attend
-    A = softmax(S)              all -inf row -> zeros, lse = -inf
-    O = dropout(A) V            (*B, H, Nq, Dv)
+    S = Q Kᵀ                    scores          (*B, H, Nq, Nk)
+    S = S · scale               scaled
+    S = score_mod(S)            modded          positions aligned bottom-right
+    S = S + bias                biased
+    S = where(mask, S, -inf)    masked          True = may attend
+    A = softmax(S)              normalised      all -inf row -> zeros, lse = -inf
+    A = dropout(A)              dropped
+    O = A V                     output          (*B, H, Nq, Dv)
 
-Half-precision inputs are computed in float32. Grouped-query heads are handled by viewing
-``q`` as ``(*B, Hkv, H/Hkv · Nq, Dk)``: one matmul per kv head, K and V never copied.
+and backward, for ``L`` with upstream gradient ``dO``:
+
+    A = exp(S − lse)            recomputed      dV = Aᵀ dO       grad_values
+    dA = dO Vᵀ                  grad_weights    D = rowsum(dO ∘ O)   rowsum
+    dS = A ∘ (dA − D)           grad_scores     dS ∘ ds'/ds      through_mod
+    dQ = dS K · scale           grad_queries    dK = dSᵀ Q · scale   grad_keys
+
+``forward`` and ``backward`` below compose these steps; ``qkv.explain`` replays the very same
+functions and records each value. Half-precision inputs are computed in float32. Grouped-query
+heads view ``q`` as ``(*B, Hkv, H/Hkv · Nq, Dk)`` (``qkv._heads``): one matmul per kv head,
+K and V never copied.
 """
 
 from typing import Any
@@ -18,64 +30,129 @@ from typing import Any
 import numpy as np
 
 from .._backend import compute_dtype, from_numpy, namespace, rand_uniform, unbroadcast
+from .._heads import cast, group_q, ungroup
 from .._softmax import softmax_lse
-from .._typing import Array, Dims, Result
+from .._typing import Array, Result
+from ..masks import Mask
+from ..scores import ScoreMod
 from ._call import Call
 
-
-def cast(xp: Any, x: Array, dtype: Any) -> Array:
-    """``x`` in ``dtype``, without a copy when it already is."""
-    return x if x.dtype == dtype else xp.astype(x, dtype)
+# --------------------------------------------------------------------------- forward steps
 
 
-def group_q(xp: Any, x: Array, dims: Dims) -> Array:
-    """``(*B, H, N, D) -> (*B, Hkv, H/Hkv · N, D)`` for grouped heads; otherwise unchanged.
-
-    Each kv head's query heads are stacked along the rows, so one plain matmul per kv head
-    serves the whole group: K and V are neither copied nor broadcast (a broadcast batched
-    matmul materialises K once per query head, ~9x slower for a decode step).
-    """
-    if not dims.grouped:
-        return x
-    r = dims.h // dims.hkv
-    return xp.reshape(x, (*x.shape[:-3], dims.hkv, r * x.shape[-2], x.shape[-1]))
+def scores(xp: Any, c: Call, q: Array, k: Array) -> Array:
+    """``S = Q Kᵀ``: every query against every key, ``(*B, H, Nq, Nk)``."""
+    return ungroup(xp, group_q(xp, q, c.dims) @ k.mT, c.dims)
 
 
-def ungroup(xp: Any, x: Array, dims: Dims) -> Array:
-    """Inverse of ``group_q``: ``(*B, Hkv, H/Hkv · N, D) -> (*B, H, N, D)``."""
-    if not dims.grouped:
-        return x
-    r = dims.h // dims.hkv
-    return xp.reshape(x, (*x.shape[:-3], dims.h, x.shape[-2] // r, x.shape[-1]))
+def scaled(s: Array, c: Call) -> Array:
+    """``S · scale`` (``1/√Dk`` unless given)."""
+    return s * c.scale
 
 
-def masked_scores(xp: Any, c: Call, q: Array, k: Array) -> tuple[Array, Any]:
-    """``S`` after scale, score mod, bias and mask, ``(*B, H, Nq, Nk)``, with ``dS'/dS`` of the mod."""
-    d = c.dims
-    s = ungroup(xp, group_q(xp, q, d) @ k.mT, d) * c.scale
-    grad = None
-    if c.score_mod is not None:
-        i, j = np.arange(d.nq)[:, None], np.arange(d.nk)[None, :]
-        s, grad = c.score_mod.with_grad(s, i, j, d.nq, d.nk)
-    if c.bias is not None:
-        s = s + cast(xp, c.bias, s.dtype)
-    if c.mask is not None:
-        allowed = from_numpy(c.mask.dense(d.nq, d.nk), s)
-        s = xp.where(allowed, s, xp.asarray(-float("inf"), dtype=s.dtype))
-    return s, grad
+def modded(s: Array, score_mod: ScoreMod | None) -> tuple[Array, Any]:
+    """``(score_mod(S), ds'/ds)``; unchanged (and derivative None) without a score mod."""
+    if score_mod is None:
+        return s, None
+    nq, nk = s.shape[-2], s.shape[-1]
+    return score_mod.with_grad(s, np.arange(nq)[:, None], np.arange(nk)[None, :], nq, nk)
+
+
+def biased(xp: Any, s: Array, bias: Array | None) -> Array:
+    """``S + bias`` (the float mask), when there is one."""
+    return s if bias is None else s + cast(xp, bias, s.dtype)
+
+
+def masked(xp: Any, s: Array, mask: Mask | None) -> Array:
+    """``where(mask, S, -inf)``: a hidden key scores ``-inf`` and so gets exactly zero weight."""
+    if mask is None:
+        return s
+    allowed = from_numpy(mask.dense(s.shape[-2], s.shape[-1]), s)
+    return xp.where(allowed, s, xp.asarray(-float("inf"), dtype=s.dtype))
+
+
+def normalised(xp: Any, s: Array) -> tuple[Array, Array]:
+    """``(A = softmax(S), lse)``; a row with nothing to attend gives zeros and ``lse = -inf``."""
+    return softmax_lse(xp, s)
+
+
+def dropped(xp: Any, a: Array, c: Call) -> Array:
+    """Inverted dropout (Srivastava et al. 2014): kept weights scaled by ``1/(1 − p)``, so
+    ``E[dropped(A)] = A``; the mask is drawn from ``c.rng``."""
+    if c.dropout == 0:
+        return a
+    keep = rand_uniform(c.rng, a, tuple(a.shape)) >= c.dropout
+    return xp.where(keep, a / (1.0 - c.dropout), xp.zeros_like(a))
+
+
+def output(xp: Any, a: Array, v: Array, c: Call) -> Array:
+    """``O = A V``: each output row is the A-weighted average of the value rows."""
+    return ungroup(xp, group_q(xp, a, c.dims) @ v, c.dims)
+
+
+def final_scores(xp: Any, c: Call, q: Array, k: Array) -> tuple[Array, Any]:
+    """``S`` after scale, score mod, bias and mask, with the mod's ``ds'/ds``."""
+    s, grad = modded(scaled(scores(xp, c, q, k), c), c.score_mod)
+    return masked(xp, biased(xp, s, c.bias), c.mask), grad
+
+
+# --------------------------------------------------------------------------- backward steps
+
+
+def recomputed(xp: Any, s: Array, lse: Array) -> Array:
+    """``A = exp(S − lse)`` from the saved ``lse (..., Nq)``; rows with ``lse = -inf`` give zeros."""
+    lse = lse[..., None]
+    finite = xp.isfinite(lse)
+    a = xp.exp(s - xp.where(finite, lse, xp.zeros_like(lse)))  # empty rows: exp(-inf) = 0
+    return xp.where(finite, a, xp.zeros_like(a))
+
+
+def grad_values(xp: Any, a: Array, do: Array, c: Call) -> Array:
+    """``dV = Aᵀ dO``, summed over each kv head's query heads."""
+    return group_q(xp, a, c.dims).mT @ group_q(xp, do, c.dims)
+
+
+def grad_weights(xp: Any, do: Array, v: Array, c: Call) -> Array:
+    """``dA = dO Vᵀ``."""
+    return ungroup(xp, group_q(xp, do, c.dims) @ v.mT, c.dims)
+
+
+def rowsum(xp: Any, do: Array, o: Array) -> Array:
+    """``D = rowsum(dO ∘ O)``, which equals ``Σⱼ A ∘ dA``: what the softmax subtracts."""
+    return xp.sum(do * o, axis=-1)
+
+
+def grad_scores(a: Array, da: Array, big_d: Array) -> Array:
+    """``dS = A ∘ (dA − D)``: through the softmax; 0 wherever ``A`` is 0."""
+    return a * (da - big_d[..., None])
+
+
+def through_mod(ds: Array, grad: Any) -> Array:
+    """``dS ∘ ds'/ds``: the chain rule through the score mod."""
+    return ds if grad is None else ds * grad
+
+
+def grad_queries(xp: Any, ds: Array, k: Array, c: Call) -> Array:
+    """``dQ = dS K · scale``."""
+    return ungroup(xp, group_q(xp, ds, c.dims) @ k, c.dims) * c.scale
+
+
+def grad_keys(xp: Any, ds: Array, q: Array, c: Call) -> Array:
+    """``dK = dSᵀ Q · scale``, summed over each kv head's query heads."""
+    return (group_q(xp, ds, c.dims).mT @ group_q(xp, q, c.dims)) * c.scale
+
+
+# --------------------------------------------------------------------------- the impl
 
 
 def forward(c: Call) -> Result:
     xp = namespace(q=c.q, k=c.k, v=c.v)
     ct = compute_dtype(xp, c.q)
     q, k, v = (cast(xp, x, ct) for x in (c.q, c.k, c.v))
-    s, _ = masked_scores(xp, c, q, k)
-    a, lse = softmax_lse(xp, s)
-    if c.dropout > 0:
-        # inverted dropout (Srivastava et al. 2014): E[kept / (1 - p)] = A
-        keep = rand_uniform(c.rng, s, tuple(a.shape)) >= c.dropout
-        a = xp.where(keep, a / (1.0 - c.dropout), xp.zeros_like(a))
-    out = ungroup(xp, group_q(xp, a, c.dims) @ v, c.dims)
+    s, _ = final_scores(xp, c, q, k)
+    a, lse = normalised(xp, s)
+    a = dropped(xp, a, c)
+    out = output(xp, a, v, c)
     weights = cast(xp, a, c.q.dtype) if c.want_weights else None
     return Result(cast(xp, out, c.q.dtype), weights, lse)
 
@@ -83,26 +160,14 @@ def forward(c: Call) -> Result:
 def backward(dout: Array, c: Call, out: Array, lse: Array) -> tuple[Array, Array, Array]:
     """The analytic gradients (without dropout), reduced to the shapes of ``q``, ``k``, ``v``.
 
-    ``dV = Aᵀ dO``, ``dA = dO Vᵀ``, ``dS = A ∘ (dA − rowsum(dO ∘ O))``, then through the score
-    mod's derivative, ``dQ = dS K · scale``, ``dK = dSᵀ Q · scale``. GQA gradients sum over the
-    query heads of each kv head; broadcast batch axes sum too.
+    GQA gradients sum over the query heads of each kv head; broadcast batch axes sum too.
     """
     xp = namespace(dout=dout, q=c.q, k=c.k, v=c.v, out=out, lse=lse)
     ct = compute_dtype(xp, c.q)
     q, k, v, do, o, lse = (cast(xp, x, ct) for x in (c.q, c.k, c.v, dout, out, lse))
-    d = c.dims
-    s, grad = masked_scores(xp, c, q, k)
-    lse = lse[..., None]
-    finite = xp.isfinite(lse)
-    a = xp.exp(s - xp.where(finite, lse, xp.zeros_like(lse)))  # empty rows: exp(-inf) = 0
-    a = xp.where(finite, a, xp.zeros_like(a))
-    ag, dog = group_q(xp, a, d), group_q(xp, do, d)
-    dv = ag.mT @ dog
-    da = ungroup(xp, dog @ v.mT, d)
-    ds = a * (da - xp.sum(do * o, axis=-1, keepdims=True))
-    if grad is not None:
-        ds = ds * grad
-    dsg = group_q(xp, ds, d)
-    dq = ungroup(xp, dsg @ k, d) * c.scale
-    dk = (dsg.mT @ group_q(xp, q, d)) * c.scale
+    s, grad = final_scores(xp, c, q, k)
+    a = recomputed(xp, s, lse)
+    dv = grad_values(xp, a, do, c)
+    ds = through_mod(grad_scores(a, grad_weights(xp, do, v, c), rowsum(xp, do, o)), grad)
+    dq, dk = grad_queries(xp, ds, k, c), grad_keys(xp, ds, q, c)
     return tuple(cast(xp, unbroadcast(xp, g, tuple(x.shape)), x.dtype) for g, x in ((dq, c.q), (dk, c.k), (dv, c.v)))

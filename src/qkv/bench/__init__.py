@@ -1,6 +1,6 @@
 """Benchmarks for qkv: timing, interleaved comparison, peak memory and named suites.
 
-Measures, never prints (``qkv.bench.cli`` and ``benchmarks/`` print). On a shared, noisy
+Measures, never prints (``qkv bench`` and ``benchmarks/`` print). On a shared, noisy
 machine absolute times drift, so candidates are compared as ratios measured interleaved in one
 run (A B C A B C ..., ``compare``), summarised by medians and interquartile ranges. Torch is
 imported only inside the functions that need it.

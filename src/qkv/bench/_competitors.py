@@ -20,16 +20,12 @@ import numpy as np
 
 import qkv
 
-from ._workloads import Inputs, Workload, make_inputs
+from ._workloads import Inputs, Unavailable, Workload, make_inputs
 
 Run = Callable[[], list[Any]]
 
 MATERIALISED_LIMIT = 2 << 30
 """Skip candidates that materialise score matrices beyond this many bytes (the machine is shared)."""
-
-
-class Unavailable(Exception):
-    """A candidate cannot run this case; the message says why (it becomes the row's note)."""
 
 
 class CaseData:

@@ -14,8 +14,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ._competitors import Unavailable
-from ._workloads import Inputs, Workload
+from ._workloads import Inputs, Unavailable, Workload
 
 COMPILE_TIMEOUT = 240.0
 """Seconds allowed for one compilation (the first call)."""

@@ -12,7 +12,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import masks
+from ..complexity._model import flops as attention_flops
+from ..complexity._model import mask_pairs, tile_pairs
 from ..masks import Mask
+
+
+class Unavailable(Exception):
+    """A candidate cannot run a case; the message says why (it becomes the row's note)."""
+
 
 WINDOW = 256
 DOCUMENTS = 8
@@ -113,39 +120,23 @@ def make_inputs(w: Workload, lib: str = "torch", *, grad: bool = False, seed: in
     return Inputs(*t)
 
 
-def _edges(n: int, block: int) -> np.ndarray:
-    return np.diff(np.minimum(np.arange(0, n + block, block), n))
-
-
 def allowed_entries(w: Workload, block: int = 512) -> int:
-    """(query, key) pairs the mask allows in one ``nq x nk`` head; tiles classified first."""
-    if w.mask is None:
-        return w.nq * w.nk
-    cls = w.mask.blocks(w.nq, w.nk, block, block)
-    rows, cols = _edges(w.nq, block), _edges(w.nk, block)
-    total = int((np.outer(rows, cols) * (cls == masks.FULL)).sum())
-    for bi, bj in zip(*np.nonzero(cls == masks.PARTIAL), strict=True):
-        q0, k0 = int(bi) * block, int(bj) * block
-        total += int(w.mask.tile(q0, min(q0 + block, w.nq), k0, min(k0 + block, w.nk), w.nq, w.nk).sum())
-    return total
+    """(query, key) pairs the mask allows in one ``nq x nk`` head (``complexity``'s pair count)."""
+    return mask_pairs(w.mask, w.nq, w.nk, block)
 
 
 def kept_tile_entries(w: Workload, block_q: int, block_k: int) -> int:
     """Entries of the tiles that are not EMPTY (the flash kernel's work) in one head."""
-    if w.mask is None:
-        return w.nq * w.nk
-    cls = w.mask.blocks(w.nq, w.nk, block_q, block_k)
-    return int((np.outer(_edges(w.nq, block_q), _edges(w.nk, block_k)) * (cls != masks.EMPTY)).sum())
+    return tile_pairs(w.mask, w.nq, w.nk, block_q, block_k)[0]
 
 
 def flops(w: Workload, mode: str = "fwd", count: str = "entries") -> float:
     """Floating-point operations (a multiply-add is 2) of attention on ``w``.
 
-    Per kept (query, key) pair and head: forward ``2·Dk`` for ``QKᵀ`` plus ``2·Dv`` for ``AV``;
-    the backward pass recomputes ``S`` and forms ``dP = dO Vᵀ``, ``dV``, ``dQ``, ``dK``:
-    ``2·(3·Dk + 2·Dv)``, 2.5x the forward pass (FlashAttention-2's convention,
-    arXiv:2307.08691). Softmax and mask work are not counted. ``count``: ``"entries"``
-    (pairs the mask allows) or ``"tiles"`` (pairs in tiles the flash kernel keeps).
+    The model is ``qkv.complexity``'s (``_model.flops``: ``2·(Dk + Dv)`` per pair and head
+    forward, ``2·(3·Dk + 2·Dv)`` more backward, FlashAttention-2's convention,
+    arXiv:2307.08691). ``count``: ``"entries"`` (pairs the mask allows) or ``"tiles"`` (pairs in
+    tiles the flash kernel keeps at its default tile sizes).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -157,5 +148,4 @@ def flops(w: Workload, mode: str = "fwd", count: str = "entries") -> float:
         pairs = kept_tile_entries(w, flash.BLOCK_Q, flash.BLOCK_K)
     else:
         raise ValueError(f"count must be 'entries' or 'tiles', got {count!r}")
-    per_pair = 2 * (w.d + w.d) if mode == "fwd" else 2 * (w.d + w.d) + 2 * (3 * w.d + 2 * w.d)
-    return float(w.b * w.h * pairs * per_pair)
+    return float(attention_flops(w.b * w.h, pairs, w.d, w.d, backward=mode == "fwdbwd"))

@@ -11,25 +11,45 @@
 
 Results equal ``qkv.attention`` on the gathered tensors (exactly up to rounding), on CPUs with
 gloo as on GPUs with NCCL. Launch one process per rank, e.g. ``torchrun --nproc-per-node=4
-script.py`` (docs/distributed.md). ``import qkv`` does not import this package.
+script.py`` (docs/distributed.md). ``import qkv`` does not import this package, and importing
+it imports torch only when one of its names is first used.
 """
 
-from ._comm import DistributedError as DistributedError
-from ._ring import ring_attention as ring_attention
-from ._sequence import gather_sequence as gather_sequence
-from ._sequence import shard_sequence as shard_sequence
-from ._simulate import RingSimulation as RingSimulation
-from ._simulate import RingStep as RingStep
-from ._simulate import simulate_ring as simulate_ring
-from ._ulysses import ulysses_attention as ulysses_attention
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "DistributedError",
-    "RingSimulation",
-    "RingStep",
-    "gather_sequence",
-    "ring_attention",
-    "shard_sequence",
-    "simulate_ring",
-    "ulysses_attention",
-]
+if TYPE_CHECKING:  # the names below, for type checkers and documentation; at run time they load lazily
+    from ._comm import DistributedError as DistributedError
+    from ._ring import ring_attention as ring_attention
+    from ._sequence import gather_sequence as gather_sequence
+    from ._sequence import shard_sequence as shard_sequence
+    from ._simulate import RingSimulation as RingSimulation
+    from ._simulate import RingStep as RingStep
+    from ._simulate import simulate_ring as simulate_ring
+    from ._ulysses import ulysses_attention as ulysses_attention
+
+_WHERE = {
+    "DistributedError": "._comm",
+    "ring_attention": "._ring",
+    "gather_sequence": "._sequence",
+    "shard_sequence": "._sequence",
+    "RingSimulation": "._simulate",
+    "RingStep": "._simulate",
+    "simulate_ring": "._simulate",
+    "ulysses_attention": "._ulysses",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name on first use: torch is imported then, so the torch-free layout helpers
+    (``qkv.distributed._layout``, used by ``qkv.complexity``) import without it (PEP 562)."""
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(_WHERE[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

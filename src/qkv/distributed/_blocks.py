@@ -21,12 +21,11 @@ from typing import Any
 from .. import masks
 from .._backend import device, namespace
 from .._checks import check_qkv
-from .._core import _call
-from .._impls import flash
-from .._merge import merge_attention
-from .._seq_layout import allowed_pairs as allowed_pairs
+from .._impls import build_call, flash
+from .._softmax import empty_result, merge_attention
 from .._typing import Array
 from ._layout import Segments, local_ranges
+from ._layout import allowed_pairs as allowed_pairs
 
 
 def ring_source(rank: int, step: int, world_size: int) -> int:
@@ -55,15 +54,13 @@ def pair_mask(qseg: tuple[int, int], kseg: tuple[int, int], causal: bool, nq: in
 
 def _nothing(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
     """Zeros and ``lse = -inf`` for queries that attend no key of the block."""
-    xp, lead = namespace(q=q), check_qkv(q, k, v).score_shape[:-1]
-    return (
-        xp.zeros((*lead, v.shape[-1]), dtype=q.dtype, device=device(q)),
-        xp.full(lead, -float("inf"), dtype=q.dtype, device=device(q)),
-    )
+    xp, dims = namespace(q=q), check_qkv(q, k, v)
+    res = empty_result(xp, dims.score_shape[:-1], dims.nk, dims.dv, q.dtype, q.dtype, device(q), weights=False)
+    return res.out, res.lse
 
 
 def _flash(q: Array, k: Array, v: Array, mask: Any, scale: float) -> tuple[Array, Array]:
-    res = flash.forward(_call(q, k, v, mask, False, scale, None))
+    res = flash.forward(build_call(q, k, v, mask=mask, scale=scale))
     return res.out, res.lse
 
 
@@ -126,7 +123,7 @@ def block_backward(
     """
     classes = [[pair_mask(qs, ks, causal, nq, nk) for ks in kv_segs] for qs in q_segs]
     if all(c == masks.FULL for row in classes for c, _ in row):
-        return flash.backward(dout, _call(q, k, v, None, False, scale, None), out, lse)
+        return flash.backward(dout, build_call(q, k, v, scale=scale), out, lse)
     if all(c == masks.EMPTY for row in classes for c, _ in row):
         return None
     xp = namespace(q=q, k=k, v=v)
@@ -137,7 +134,7 @@ def block_backward(
                 continue
             g = flash.backward(
                 dout[..., qa:qb, :],
-                _call(q[..., qa:qb, :], k[..., ka:kb, :], v[..., ka:kb, :], m, False, scale, None),
+                build_call(q[..., qa:qb, :], k[..., ka:kb, :], v[..., ka:kb, :], mask=m, scale=scale),
                 out[..., qa:qb, :],
                 lse[..., qa:qb],
             )

@@ -11,7 +11,8 @@ A sequence of length ``N`` over ``W`` ranks:
   implementations).
 
 A rank's shard is a tuple of *segments* ``(start, length)`` in global positions, listed in the
-order they are concatenated locally. NumPy only (plus the array API for slicing), no torch.
+order they are concatenated locally. NumPy only (plus the array API for slicing), no torch:
+``qkv.complexity`` reads the same definitions to predict bytes and work.
 """
 
 from typing import Any
@@ -19,24 +20,41 @@ from typing import Any
 import numpy as np
 
 from .._backend import namespace
-from .._seq_layout import Segments as Segments
-from .._seq_layout import segments as segments
+from .._checks import check_choice, check_int
 from .._typing import Array
-from ..errors import ArgumentError, ShapeError
+from ..errors import ShapeError
 
 LAYOUTS = ("contiguous", "zigzag")
 
+Segments = tuple[tuple[int, int], ...]
+
+
+def segments(rank: int, world_size: int, n: int, layout: str) -> Segments:
+    """Global ``(start, length)`` segments of rank ``rank``'s shard of a length-``n`` sequence."""
+    if layout == "zigzag":
+        c = n // (2 * world_size)
+        return ((rank * c, c), ((2 * world_size - 1 - rank) * c, c))
+    s = n // world_size
+    return ((rank * s, s),)
+
+
+def allowed_pairs(q_segs: Segments, kv_segs: Segments, causal: bool, nq: int, nk: int) -> int:
+    """(query, key) pairs between the segments that may attend, per head: bottom-right causal on
+    global positions (query ``qs + i`` sees key ``ks + j`` iff ``j <= i + qs - ks + Nk - Nq``)."""
+    total = 0
+    for qs, ql in q_segs:
+        for ks, kl in kv_segs:
+            seen = np.clip(np.arange(ql) + qs - ks + (nk - nq) + 1, 0, kl) if causal else np.full(ql, kl)
+            total += int(seen.sum())
+    return total
+
 
 def check_layout(layout: Any) -> str:
-    if layout not in LAYOUTS:
-        raise ArgumentError(f"layout must be one of {list(LAYOUTS)}, got {layout!r}")
-    return str(layout)
+    return check_choice(layout, "layout", LAYOUTS)
 
 
 def check_world_size(world_size: Any) -> int:
-    if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
-        raise ArgumentError(f"world_size must be an integer >= 1, got {world_size!r}")
-    return int(world_size)
+    return check_int(world_size, "world_size", minimum=1)
 
 
 def pieces(layout: str, world_size: int) -> int:

@@ -19,7 +19,7 @@ import torch
 
 from .._backend import compute_dtype
 from .._checks import check_qkv, check_scale
-from .._merge import merge_attention
+from .._softmax import merge_attention
 from ..errors import ArgumentError
 from ._blocks import block_backward, block_forward, ring_source
 from ._comm import Group, require_torch, resolve, ring_exchange, wait

@@ -13,7 +13,7 @@ import numpy as np
 
 from .._backend import as_array, compute_dtype, is_torch, namespace, to_numpy
 from .._checks import check_qkv, check_scale
-from .._merge import merge_attention
+from .._softmax import merge_attention
 from .._typing import Array
 from ..errors import ArgumentError
 from ._blocks import allowed_pairs, block_forward, ring_source

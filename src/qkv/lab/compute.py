@@ -14,8 +14,8 @@ import numpy as np
 import qkv
 
 from .. import diagnostics, positional, scores
-from .._mask_spec import MASK_KINDS, MASK_PARAMS, build_mask
 from ..errors import QKVError
+from ..masks.spec import MASK_KINDS, MASK_PARAMS, build_mask
 from .schemas import ExplainRequest, HeatmapRequest, LabError, Limits, PositionalRequest
 
 DIGITS = 7  # significant digits sent to the browser: far below what a colour or a printed cell shows

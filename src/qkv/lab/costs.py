@@ -14,7 +14,7 @@ import numpy as np
 import qkv
 
 from .. import complexity
-from .._mask_spec import build_mask
+from ..masks.spec import build_mask
 from .compute import mask_errors
 from .schemas import ComplexityRequest, LabError, Limits
 

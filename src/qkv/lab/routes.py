@@ -67,7 +67,7 @@ def build_router(limits: Limits, manager: TrainingManager) -> APIRouter:
 
     @api.get("/masks")
     def get_masks() -> dict[str, Any]:
-        """Mask kinds and their parameters (``qkv._mask_spec``)."""
+        """Mask kinds and their parameters (``qkv.masks.spec``)."""
         return compute.mask_kinds()
 
     @api.post("/explain", responses=_INVALID)

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 
-from .._mask_spec import MASK_KINDS
+from ..masks.spec import MASK_KINDS
 
 Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]  # JSON numbers only: no "1", NaN or inf
 Matrix = list[list[Number]]
@@ -76,7 +76,7 @@ def _kind(value: str) -> str:
 
 
 class MaskSpec(_Body):
-    """A mask by name (``qkv._mask_spec.MASK_KINDS``) and its parameters."""
+    """A mask by name (``qkv.masks.spec.MASK_KINDS``) and its parameters."""
 
     mask: str = "none"
     mask_params: dict[str, Any] = Field(default_factory=dict)

@@ -16,34 +16,32 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._backend import from_numpy, is_torch
-from .._checks import check_covers
-from .._softmax import softmax
+from .._backend import compute_dtype, is_torch, namespace
+from .._impls._call import check_mask_covers, split_mask
+from .._impls.reference import biased, masked, normalised
 from ..errors import MaskError, ShapeError
 from ..masks import Mask
 from ..scores import additive, general
 
 
 def _attend(scores: Tensor, values: Tensor, mask: Any, need_weights: bool) -> Any:
-    """``softmax(scores, masked) @ values``; ``mask``: bool (True = may attend), float bias or ``Mask``."""
+    """``softmax(scores, masked) @ values``; ``mask``: bool (True = may attend), float bias or ``Mask``.
+
+    The masking and the softmax are the reference implementation's own steps (``biased``,
+    ``masked``, ``normalised``); only the scores differ from dot-product attention.
+    """
     nq, nk = scores.shape[-2:]
     if values.ndim < 2 or values.shape[-2] != nk:
         raise ShapeError(
             f"values must be (..., Nk, Dv) with Nk={nk} (the number of keys) on axis -2, got {tuple(values.shape)}"
         )
-    if mask is not None:
-        if isinstance(mask, Mask):
-            mask = from_numpy(mask.dense(nq, nk), scores)
-        if not is_torch(mask):
-            raise MaskError(f"mask must be a torch tensor or a qkv.masks.Mask, got {type(mask).__name__}")
-        check_covers("mask", tuple(mask.shape), tuple(scores.shape))
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, -float("inf"))
-        elif mask.dtype.is_floating_point:
-            scores = scores + mask.to(scores.dtype)
-        else:
-            raise MaskError(f"mask has dtype {mask.dtype}; pass a boolean (True = may attend) or float mask")
-    weights = softmax(scores)
+    if mask is not None and not isinstance(mask, Mask) and not is_torch(mask):
+        raise MaskError(f"mask must be a torch tensor or a qkv.masks.Mask, got {type(mask).__name__}")
+    m, bias = split_mask(mask, False)
+    check_mask_covers(m, bias, tuple(scores.shape))
+    xp = namespace(scores=scores, values=values)
+    weights, _ = normalised(xp, masked(xp, biased(xp, scores.to(compute_dtype(xp, scores)), bias), m))
+    weights = weights.to(scores.dtype)
     out = weights @ values
     return (out, weights) if need_weights else out
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import as_array, compute_dtype, dtype_name, is_floating, is_torch, namespace, unbroadcast
-from ._typing import Array
-from .errors import DTypeError, ShapeError
+from .._backend import as_array, compute_dtype, dtype_name, is_floating, is_torch, namespace, unbroadcast
+from .._typing import Array
+from ..errors import DTypeError, ShapeError
 
 CHUNK = 1 << 22
 """Elements of the ``(rows, Nk, Da)`` tanh tensor built at once by ``additive`` (16 MiB in float32)."""

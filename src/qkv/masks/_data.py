@@ -1,19 +1,7 @@
-"""Masks: which keys each query may attend, as small composable predicates.
+"""Masks that carry data: sequence lengths, document ids, global positions, random blocks, arrays, functions.
 
-A ``Mask`` answers "may query row ``i`` attend key column ``j``?" on broadcast index grids
-(``i (Nq, 1)``, ``j (1, Nk)`` or any tile of them), so the same object gives the dense boolean
-matrix, one tile of it for the flash kernel, and (analytically, without materialising it) the
-classification of every tile as EMPTY, PARTIAL or FULL. **True means "may attend"** (PyTorch
-SDPA's convention). Masks compose with ``&``, ``|`` and ``~`` (flex attention's ``mask_mod``
-idea, arXiv:2412.05496).
-
-Alignment: masks that relate query and key positions use the query's *aligned* position
-``p = i + (Nk - Nq)`` (bottom-right), so one new query against a KV cache sits after every
-cached key. Masks whose data has a batch axis (``padding``, ``document`` with 2-D ids) give
-arrays of shape ``(B, 1, Nq, Nk)``: they follow the ``(B, H, Nq, Nk)`` layout.
-
-    >>> longformer = sliding_window(256, causal=False) | global_tokens([0])
-    >>> bigbird = longformer | random_blocks(64, per_row=3, seed=0)
+Masks whose data has a batch axis (``padding`` lengths ``(B,)``, ``document`` ids ``(B, Nk)``)
+give arrays of shape ``(B, 1, Nq, Nk)``: they follow the ``(B, H, Nq, Nk)`` layout.
 """
 
 import math
@@ -23,91 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import is_bool, to_numpy
-from ._mask import EMPTY as EMPTY
-from ._mask import FULL as FULL
-from ._mask import PARTIAL as PARTIAL
-from ._mask import Mask as Mask
-from ._mask import _from_counts
-from ._mask import picture as picture
-from .errors import MaskError
-
-
-def _offset(nq: int, nk: int) -> int:
-    """Shift from a query row to its aligned position (bottom-right): ``p = i + (nk - nq)``."""
-    return nk - nq
-
-
-def _band(lo: int, hi: int, offset: int | None, name: str) -> Mask:
-    """Keys at distance ``d = i + offset - j`` with ``lo <= d <= hi`` (offset None: Nk - Nq)."""
-
-    def off(nq: int, nk: int) -> int:
-        # an offset beyond [-nq, nk] hides or shows the same keys as the bound (hi is only finite with
-        # offset None): clipping keeps int64 index arithmetic exact for any Python int
-        return _offset(nq, nk) if offset is None else min(max(offset, -nq), nk)
-
-    def allowed(i, j, nq, nk):
-        d = i + off(nq, nk) - j
-        return (d >= lo) & (d <= hi)
-
-    def tiles(q0, q1, k0, k1, nq, nk):
-        o = off(nq, nk)
-        dmin, dmax = q0 + o - (k1 - 1), (q1 - 1) + o - k0  # d takes every value in between
-        return np.where((dmax < lo) | (dmin > hi), EMPTY, np.where((dmin >= lo) & (dmax <= hi), FULL, PARTIAL))
-
-    return Mask(allowed, name, tiles)
-
-
-MAX_LENGTH = 2**31 - 1
-"""Largest size a mask parameter may take: far beyond any sequence, and int64 index arithmetic
-(``i + offset - j``, ``window · dilation``) cannot overflow below it."""
-
-
-def _positive_int(value: Any, name: str, minimum: int = 1, maximum: int | None = MAX_LENGTH) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise MaskError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise MaskError(f"{name} must be at most {maximum}, got {value!r}")
-    return int(value)
-
-
-def causal(offset: int | None = None) -> Mask:
-    """Query ``i`` may attend key ``j`` iff ``j <= i + offset``; ``offset=None`` means ``Nk - Nq``.
-
-    None is bottom-right aligned: the last query sees every key (a KV-cache decode step);
-    ``offset=0`` is PyTorch's top-left ``is_causal``. Nq=3, Nk=4, offset None:
-
-        █ █ · ·
-        █ █ █ ·
-        █ █ █ █
-    """
-    if offset is not None and (isinstance(offset, bool) or not isinstance(offset, (int, np.integer))):
-        raise MaskError(f"causal offset must be an integer or None, got {offset!r}")
-    if offset is None:
-        return _CAUSAL
-    return _band(0, np.iinfo(np.int64).max, int(offset), f"causal(offset={offset})")
-
-
-_CAUSAL = _band(0, np.iinfo(np.int64).max, None, "causal")  # one object: impls recognise it by identity
-
-
-def sliding_window(size: int, causal: bool = True) -> Mask:
-    """Keys within ``size`` positions of the query's aligned position ``p``; ``d = p - j``.
-
-    ``causal=True``: ``0 <= d < size``, the ``size`` most recent keys including itself
-    (Mistral's window). ``causal=False``: ``|d| < size``, ``size - 1`` keys on each side
-    (Longformer, arXiv:2004.05150). Nq=Nk=5, size=2, causal:
-
-        █ · · · ·
-        █ █ · · ·
-        · █ █ · ·
-        · · █ █ ·
-        · · · █ █
-    """
-    size = _positive_int(size, "sliding_window size")
-    if causal:
-        return _band(0, size - 1, None, f"sliding_window({size})")
-    return _band(-(size - 1), size - 1, None, f"sliding_window({size}, causal=False)")
+from .._backend import is_bool, to_numpy
+from .._checks import check_int
+from ..errors import MaskError
+from ._mask import EMPTY, FULL, PARTIAL, Mask, from_counts
+from ._positions import aligned, length
 
 
 def _lengths(x: Any, name: str) -> np.ndarray:
@@ -164,11 +72,11 @@ def document(doc_ids: Any) -> Mask:
 
     def allowed(i, j, nq, nk):
         d = checked(nq, nk)
-        return lift(d[..., i + _offset(nq, nk)] == d[..., j])
+        return lift(d[..., i + aligned(nq, nk)] == d[..., j])
 
     def tiles(q0, q1, k0, k1, nq, nk):
         d = checked(nq, nk)
-        qd = d[..., _offset(nq, nk) :]  # the ids the Nq queries carry
+        qd = d[..., aligned(nq, nk) :]  # the ids the Nq queries carry
         qlo = np.minimum.reduceat(qd, q0[:, 0], axis=-1)[..., :, None]
         qhi = np.maximum.reduceat(qd, q0[:, 0], axis=-1)[..., :, None]
         klo = np.minimum.reduceat(d, k0[0], axis=-1)[..., None, :]
@@ -178,25 +86,6 @@ def document(doc_ids: Any) -> Mask:
         return lift(np.where(empty, EMPTY, np.where(full, FULL, PARTIAL)))
 
     return Mask(allowed, "document", tiles, (ids.shape[-1], ids.shape[-1]))
-
-
-def prefix_lm(prefix_len: int) -> Mask:
-    """Every query sees the first ``prefix_len`` keys (bidirectional prefix), the rest causally.
-
-    Allowed iff ``j < prefix_len`` or ``j <= p`` (T5 / UniLM prefix LM, arXiv:1910.10683).
-    """
-    n = _positive_int(prefix_len, "prefix_len", minimum=0)
-
-    def allowed(i, j, nq, nk):
-        return (j < n) | (j <= i + _offset(nq, nk))
-
-    def tiles(q0, q1, k0, k1, nq, nk):
-        o = _offset(nq, nk)
-        some = (k0 < n) | (k0 <= q1 - 1 + o)  # the smallest j is allowed in the last row
-        hidden = (k1 - 1 >= n) & (k1 - 1 > q0 + o)  # the largest j is hidden from the first row
-        return np.where(~some, EMPTY, np.where(hidden, PARTIAL, FULL))
-
-    return Mask(allowed, f"prefix_lm({n})", tiles)
 
 
 def global_tokens(indices: Sequence[int] | np.ndarray) -> Mask:
@@ -212,10 +101,10 @@ def global_tokens(indices: Sequence[int] | np.ndarray) -> Mask:
         raise MaskError(f"global_tokens indices must be non-negative integers, got {idx!r}")
 
     def allowed(i, j, nq, nk):
-        return np.isin(i + _offset(nq, nk), idx) | np.isin(j, idx)
+        return np.isin(i + aligned(nq, nk), idx) | np.isin(j, idx)
 
     def tiles(q0, q1, k0, k1, nq, nk):
-        o = _offset(nq, nk)
+        o = aligned(nq, nk)
         n = max(nq + o, nk) + 1
         marks = np.zeros(n, dtype=np.int64)
         marks[idx[idx < n]] = 1
@@ -239,9 +128,9 @@ def random_blocks(block: int, per_row: int, seed: int) -> Mask:
     The draw depends only on ``(block, per_row, seed, Nq, Nk)``, so it is the same on every
     call, tile by tile.
     """
-    block = _positive_int(block, "random_blocks block")
-    per_row = _positive_int(per_row, "random_blocks per_row", minimum=0)
-    seed = _positive_int(seed, "random_blocks seed", minimum=0, maximum=None)  # numpy's seeds are non-negative
+    block = length(block, "random_blocks block")
+    per_row = length(per_row, "random_blocks per_row", minimum=0)
+    seed = check_int(seed, "random_blocks seed", minimum=0, error=MaskError)  # numpy's seeds are non-negative
 
     @lru_cache(maxsize=8)
     def table(nq: int, nk: int) -> np.ndarray:
@@ -262,35 +151,9 @@ def random_blocks(block: int, per_row: int, seed: int) -> Mask:
         a, b = q0 // block, (q1 - 1) // block + 1  # query blocks the tile touches
         c, d = k0 // block, (k1 - 1) // block + 1
         count = cum[b, d] - cum[a, d] - cum[b, c] + cum[a, c]
-        return _from_counts(count, (b - a) * (d - c))
+        return from_counts(count, (b - a) * (d - c))
 
     return Mask(allowed, f"random_blocks({block}, per_row={per_row}, seed={seed})", tiles)
-
-
-def dilated(window: int, dilation: int) -> Mask:
-    """Every ``dilation``-th key within ``window · dilation`` positions on either side:
-    ``|d| < window · dilation`` and ``d % dilation == 0`` (Longformer's dilated window).
-
-    Symmetric; combine with ``causal()`` for the causal form.
-    """
-    window = _positive_int(window, "dilated window")
-    dilation = _positive_int(dilation, "dilated dilation")
-    reach = window * dilation - 1
-    band = _band(-reach, reach, None, "band")
-
-    def allowed(i, j, nq, nk):
-        d = i + _offset(nq, nk) - j
-        return (np.abs(d) <= reach) & (d % dilation == 0)
-
-    def tiles(q0, q1, k0, k1, nq, nk):
-        c = band._classify(q0, q1, k0, k1, nq, nk)
-        if dilation == 1:
-            return c
-        single = (q1 - q0 == 1) & (k1 - k0 == 1)  # a one-cell tile is all or nothing
-        cell = allowed(q0, k0, nq, nk)
-        return np.where(c == EMPTY, EMPTY, np.where(single, np.where(cell, FULL, EMPTY), PARTIAL))
-
-    return Mask(allowed, f"dilated({window}, dilation={dilation})", tiles)
 
 
 def from_dense(bool_array: Any) -> Mask:

@@ -1,4 +1,4 @@
-"""``qkv lab`` (registered by ``qkv.cli``): serve the local web lab with uvicorn.
+"""``qkv lab``: serve the local web lab with uvicorn.
 
 FastAPI and uvicorn are imported inside the command, so ``qkv lab --help`` (and ``import
 qkv.cli``) work without the ``lab`` extra; without it the command says how to install it.
@@ -43,7 +43,7 @@ def lab_command(
     except ImportError:
         typer.echo(MISSING, err=True)
         raise typer.Exit(1) from None
-    from .app import create_app
+    from ..lab.app import create_app
 
     if port == 0:
         port = _free_port(host)

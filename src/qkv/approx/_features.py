@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import from_numpy, is_torch
-from ._typing import Array
-from .errors import ArgumentError, ShapeError
+from .._backend import from_numpy, is_torch
+from .._typing import Array
+from ..errors import ArgumentError, ShapeError
 
 FEATURE_MAPS = ("elu", "relu")
 

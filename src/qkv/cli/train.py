@@ -1,9 +1,11 @@
-"""``qkv train``: teach a TinyGPT a toy task from the command line (registered by ``qkv.cli``).
+"""``qkv train``: teach a TinyGPT a toy task from the command line.
 
 Parse -> ``qkv.train.train`` -> print a summary (rich) or ``--json``; ``--save FILE.npz``
 writes the loss and accuracy curves and the recorded attention maps; ``--record DIR`` draws
 them (``qkv.plot``): ``attention.gif``, ``attention_grid.png``, ``curves.png`` and
-``history.npz``. torch and matplotlib are imported only when the command runs.
+``history.npz``. Every argument is checked before training; all files are written together at
+the end (``all_or_nothing``), so a failure leaves none behind. torch and matplotlib are
+imported only when the command runs.
 """
 
 import json
@@ -12,9 +14,16 @@ from typing import Annotated, Any
 
 import typer
 
-from .errors import QKVError
+from ..errors import ArgumentError
+from ._common import all_or_nothing
 
 TASK_NAMES = "copy, reverse, sort, recall"
+
+
+MAX_STEPS = 1_000_000
+MAX_LENGTH = 512
+"""``--length`` bound: TinyGPT's context is 256 positions by default and the toy tasks use ~3x the
+prompt length; longer sequences only allocate without learning anything here."""
 
 
 def _save(path: Path, history: Any) -> None:
@@ -35,11 +44,13 @@ def _save(path: Path, history: Any) -> None:
 def train_command(
     task: Annotated[str, typer.Option("--task", help=f"the toy task: {TASK_NAMES}")] = "reverse",
     steps: Annotated[
-        int | None, typer.Option("--steps", min=1, help="optimiser steps (default: the task's budget)")
+        int | None, typer.Option("--steps", min=1, max=MAX_STEPS, help="optimiser steps (default: the task's budget)")
     ] = None,
     length: Annotated[
         int | None,
-        typer.Option("--length", min=1, help="prompt symbols (recall: key-value pairs); default: the task's"),
+        typer.Option(
+            "--length", min=1, max=MAX_LENGTH, help="prompt symbols (recall: key-value pairs); default: the task's"
+        ),
     ] = None,
     pos: Annotated[str, typer.Option("--pos", help="positions: learned, sinusoidal, rope, alibi")] = "learned",
     seed: Annotated[int, typer.Option("--seed", help="seed for the data and the initialisation")] = 0,
@@ -63,27 +74,24 @@ def train_command(
     json_out: Annotated[bool, typer.Option("--json", help="print the history as JSON (no progress bar)")] = False,
 ) -> None:
     """Train a TinyGPT on a toy task that needs attention (copy, reverse, sort, recall) and report its accuracy."""
-    try:
-        from .train import train
+    from ..train import train
 
-        if record is not None:
-            _check_layer(layer, train)  # before training, not after it
-        if record is not None and record_every is None:
-            record_every = max(1, _budget(task, steps) // 20)
-        history = train(
-            task, steps, length=length, pos=pos, seed=seed, record_every=record_every, progress=not json_out
-        )
+    if record is not None:
+        _check_layer(layer, train)  # before training, not after it
+    if save is not None and save.suffix != ".npz":
+        raise ArgumentError(f"--save writes a .npz file, got {str(save)!r}")
+    if record is not None and record_every is None:
+        record_every = max(1, _budget(task, steps) // 20)
+    history = train(task, steps, length=length, pos=pos, seed=seed, record_every=record_every, progress=not json_out)
+    if record is not None:
+        record.mkdir(parents=True, exist_ok=True)
+    outputs = ([save] if save is not None else []) + (_record_paths(record) if record is not None else [])
+    with all_or_nothing(outputs) as temps:
         if save is not None:
-            _save(save, history)
-        files = _record(record, history, layer) if record is not None else []
-    except QKVError as e:
-        typer.echo(f"error: {type(e).__name__}: {' '.join(str(e).split())}", err=True)
-        raise typer.Exit(1) from None
-    except OSError as e:
-        typer.echo(
-            f"error: {getattr(e, 'filename', None) or ''}: {e.strerror or e}".replace("error: : ", "error: "), err=True
-        )
-        raise typer.Exit(1) from None
+            _save(temps[0], history)
+        if record is not None:
+            _record(temps[-4:], history, layer)
+    files = [str(p) for p in _record_paths(record)] if record is not None else []
     if json_out:
         typer.echo(json.dumps(history.to_dict() | ({"files": files} if record is not None else {})))
         return
@@ -100,8 +108,6 @@ def train_command(
 def _check_layer(layer: int, train: Any) -> None:
     import inspect
 
-    from .errors import ArgumentError
-
     n_layers = inspect.signature(train).parameters["n_layers"].default  # the command trains the default size
     if not -n_layers <= layer < n_layers:
         raise ArgumentError(
@@ -111,19 +117,20 @@ def _check_layer(layer: int, train: Any) -> None:
 
 def _budget(task: str, steps: int | None) -> int:
     """The steps a run will take: ``steps`` or the task's default budget."""
-    from .train.tasks import get_task
+    from ..train.tasks import get_task
 
     return steps if steps is not None else get_task(task).default_steps
 
 
-def _record(directory: Path, history: Any, layer: int) -> list[str]:
-    """Draw the run into ``directory``: GIF (a frame per recorded step), small multiples, curves, arrays."""
-    from . import plot
+def _record_paths(directory: Path) -> list[Path]:
+    return [directory / name for name in ("attention.gif", "attention_grid.png", "curves.png", "history.npz")]
 
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = [directory / name for name in ("attention.gif", "attention_grid.png", "curves.png", "history.npz")]
+
+def _record(paths: list[Path], history: Any, layer: int) -> None:
+    """Draw the run into ``paths``: GIF (a frame per recorded step), small multiples, curves, arrays."""
+    from .. import plot
+
     plot.save_animation(history, paths[0], layer)
     plot.save(plot.attention_grid(history, layer), paths[1], "png")
     plot.save(plot.curves(history, layer), paths[2], "png")
     _save(paths[3], history)
-    return [str(p) for p in paths]

@@ -1,4 +1,4 @@
-"""Masks by name: ``build_mask("sliding_window", Nq, Nk, window=4)`` and the CLI's ``"kind:key=value,..."``.
+"""Masks by name, the one grammar of the command line and the lab: ``"kind:key=value,..."``.
 
 One table (``MASK_PARAMS``) names every kind, its parameters, their types and defaults, so the
 command line (``qkv heatmap --mask``), the lab's controls and the error messages all read the
@@ -16,9 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from . import masks
-from .errors import ArgumentError, MaskError
-from .masks import Mask
+from .._checks import check_int
+from ..errors import ArgumentError, MaskError
+from ._data import document, global_tokens, padding, random_blocks
+from ._mask import Mask
+from ._positions import causal, dilated, prefix_lm, sliding_window
 
 MASK_KINDS: tuple[str, ...] = (
     "none",
@@ -98,9 +100,7 @@ def _to_int(kind: str, name: str, value: Any) -> int:
             return int(value.strip())
         except ValueError:
             raise ArgumentError(f"{_where(kind, name)} must be an integer, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ArgumentError(f"{_where(kind, name)} must be an integer, got {value!r}")
-    return int(value)
+    return check_int(value, _where(kind, name))
 
 
 def _to_bool(kind: str, name: str, value: Any) -> bool:
@@ -167,7 +167,7 @@ def _global(kind: str, p: dict[str, Any], n_k: int) -> Mask:
     g = p["global_tokens"]
     for x in g:
         _check_range(kind, "global_tokens", x, 0, n_k - 1)
-    return masks.global_tokens(list(g))
+    return global_tokens(list(g))
 
 
 def build_mask(kind: str, n_q: int, n_k: int, **params: Any) -> Mask | None:
@@ -183,8 +183,7 @@ def build_mask(kind: str, n_q: int, n_k: int, **params: Any) -> Mask | None:
     """
     kind = _kind(kind)
     for name, n in (("n_q", n_q), ("n_k", n_k)):
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ArgumentError(f"build_mask {name} must be a positive integer, got {n!r}")
+        check_int(n, f"build_mask {name}", minimum=1)
     n_q, n_k = int(n_q), int(n_k)
     given = {name: _coerce(kind, name, value) for name, value in params.items()}
     p = {name: spec.default for name, spec in MASK_PARAMS[kind].items()} | given
@@ -198,34 +197,34 @@ def _build(kind: str, n_q: int, n_k: int, p: dict[str, Any]) -> Mask | None:
     if kind == "none":
         return None
     if kind == "causal":
-        return masks.causal(p["offset"])
+        return causal(p["offset"])
     if kind == "sliding_window":
-        return masks.sliding_window(_check_range(kind, "window", p["window"], 1), causal=p["causal"])
+        return sliding_window(_check_range(kind, "window", p["window"], 1), causal=p["causal"])
     if kind == "document":
         if n_q > n_k:
             raise ArgumentError(f"mask 'document' needs Nq <= Nk, got Nq={n_q}, Nk={n_k}")
-        m = masks.document(_doc_ids(kind, p, n_k))
-        return m & masks.causal() if p["causal"] else m
+        m = document(_doc_ids(kind, p, n_k))
+        return m & causal() if p["causal"] else m
     if kind == "padding":
         kv = n_k - n_k // 4 if isinstance(p["kv_length"], str) else p["kv_length"]  # str: the default
         kv = _check_range(kind, "kv_length", kv, 1, n_k)
         ql = p["q_length"]
         if ql is not None:
             _check_range(kind, "q_length", ql, 0, n_q)
-        return masks.padding(kv, ql)
+        return padding(kv, ql)
     if kind == "prefix_lm":
         prefix = n_k // 2 if isinstance(p["prefix"], str) else p["prefix"]
-        return masks.prefix_lm(_check_range(kind, "prefix", prefix, 0, n_k))
+        return prefix_lm(_check_range(kind, "prefix", prefix, 0, n_k))
     if kind in ("longformer", "bigbird"):
-        m = masks.sliding_window(_check_range(kind, "window", p["window"], 1), causal=False) | _global(kind, p, n_k)
+        m = sliding_window(_check_range(kind, "window", p["window"], 1), causal=False) | _global(kind, p, n_k)
         if kind == "bigbird":
-            m = m | masks.random_blocks(
+            m = m | random_blocks(
                 _check_range(kind, "block", p["block"], 1), _check_range(kind, "per_row", p["per_row"], 0), p["seed"]
             )
-        return m & masks.causal() if p["causal"] else m
+        return m & causal() if p["causal"] else m
     # dilated
-    m = masks.dilated(_check_range(kind, "window", p["window"], 1), _check_range(kind, "dilation", p["dilation"], 1))
-    return m & masks.causal() if p["causal"] else m
+    m = dilated(_check_range(kind, "window", p["window"], 1), _check_range(kind, "dilation", p["dilation"], 1))
+    return m & causal() if p["causal"] else m
 
 
 def parse_mask_spec(spec: str) -> tuple[str, dict[str, Any]]:

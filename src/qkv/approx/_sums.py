@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import device, from_numpy
-from ._typing import Array
+from .._backend import device, from_numpy
+from .._typing import Array
 
 CHUNK = 64
 """Chunk length of the causal prefix sums: balances the ``C x C`` blocks against the states."""

@@ -1,4 +1,4 @@
-"""Masks by name (``qkv._mask_spec``): every kind equals the ``qkv.masks`` composition built by
+"""Masks by name (``qkv.masks.spec``): every kind equals the ``qkv.masks`` composition built by
 hand, the CLI spec syntax parses to typed values, and bad kinds, parameters and values raise
 ``ArgumentError`` naming them."""
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from qkv import masks
-from qkv._mask_spec import MASK_KINDS, MASK_PARAMS, build_mask, parse_mask_spec
 from qkv.errors import ArgumentError
+from qkv.masks.spec import MASK_KINDS, MASK_PARAMS, build_mask, parse_mask_spec
 
 
 def dense(m, nq, nk):
@@ -156,7 +156,7 @@ def test_build_errors_name_kind_parameter_and_allowed_values(kind, params, words
 
 
 def test_bad_sizes():
-    with pytest.raises(ArgumentError, match="n_q must be a positive integer"):
+    with pytest.raises(ArgumentError, match="n_q must be an integer >= 1, got 0"):
         build_mask("causal", 0, 4)
     with pytest.raises(ArgumentError, match="'document' needs Nq <= Nk"):
         build_mask("document", 5, 4)

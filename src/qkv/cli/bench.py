@@ -1,8 +1,7 @@
 """``qkv bench``: run a named suite and print a rich table of ratios (``--json`` for machines).
 
-A plain function with typer annotations, registered by ``qkv.cli`` as the ``bench``
-subcommand; typer, rich and torch are imported here or inside functions only, so
-``import qkv`` stays light. Progress lines go to stderr; the table or the JSON to stdout.
+torch is imported inside the suite only, so ``import qkv.cli`` stays light. Progress lines go
+to stderr; the table or the JSON to stdout.
 """
 
 import json
@@ -13,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ._suites import SUITE_NAMES
+from ..bench import SUITE_NAMES
 
 
 def _ms(seconds: float | None) -> str:
@@ -154,10 +153,9 @@ def bench_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print the rows as JSON instead of tables.")] = False,
 ) -> None:
     """Benchmark qkv against torch SDPA, FlexAttention and NumPy: interleaved ratios, medians and spread."""
-    from ._competitors import COMPETITORS
-    from ._suites import run_suite
-    from ._targets import TARGET_GROUPS
-    from ._workloads import MODES, WORKLOADS
+    from ..bench import COMPETITORS, run_suite
+    from ..bench._targets import TARGET_GROUPS
+    from ..bench._workloads import MODES, WORKLOADS
 
     if suite not in SUITE_NAMES:
         raise typer.BadParameter(f"--suite must be one of {', '.join(SUITE_NAMES)}, got {suite!r}")

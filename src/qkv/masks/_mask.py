@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import MaskError
+from .._checks import check_int
+from ..errors import MaskError
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -47,16 +48,21 @@ class Mask:
         a = np.asarray(self.allowed(i, j, nq, nk), dtype=bool)
         return np.broadcast_to(a, np.broadcast_shapes(a.shape, (q1 - q0, k1 - k0)))
 
-    def blocks(self, nq: int, nk: int, block_q: int, block_k: int) -> np.ndarray:
+    def blocks(
+        self, nq: int, nk: int, block_q: int, block_k: int, *, rows: tuple[int, int] | None = None
+    ) -> np.ndarray:
         """Classify each ``block_q x block_k`` tile as EMPTY (0), PARTIAL (1) or FULL (2).
 
         Returns int8 ``(..., ceil(nq / block_q), ceil(nk / block_k))``; the last tiles of a row
         or column may be smaller. EMPTY and FULL are exact; PARTIAL may be conservative for
         masks combined with ``&`` / ``|`` (a PARTIAL tile is still computed correctly).
+        ``rows=(r0, r1)`` classifies only tile rows ``r0 … r1 - 1`` (to bound memory).
         """
-        if block_q < 1 or block_k < 1:
-            raise MaskError(f"block sizes must be positive, got block_q={block_q}, block_k={block_k}")
-        q0 = np.arange(0, nq, block_q)[:, None]
+        for name, b in (("block_q", block_q), ("block_k", block_k)):
+            check_int(b, f"Mask.blocks {name}", minimum=1, error=MaskError)
+        nbq = -(-nq // block_q)
+        r0, r1 = (0, nbq) if rows is None else (max(0, rows[0]), min(nbq, rows[1]))
+        q0 = np.arange(r0 * block_q, min(r1 * block_q, nq), block_q)[:, None]
         k0 = np.arange(0, nk, block_k)[None, :]
         q1, k1 = np.minimum(q0 + block_q, nq), np.minimum(k0 + block_k, nk)
         c = self._classify(q0, q1, k0, k1, nq, nk).astype(np.int8)
@@ -65,7 +71,7 @@ class Mask:
     def _classify(self, q0: np.ndarray, q1: np.ndarray, k0: np.ndarray, k1: np.ndarray, nq: int, nk: int):
         if self.tiles is not None:
             return np.asarray(self.tiles(q0, q1, k0, k1, nq, nk))
-        return _classify_by_evaluation(self, q0[:, 0], k0[0], nq, nk)
+        return _classify_by_evaluation(self, q0[:, 0], q1[:, 0], k0[0], nq, nk)
 
     def __and__(self, other: "Mask") -> "Mask":
         a, b = self, _as_mask(other, "&")
@@ -125,18 +131,22 @@ def _or_classes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where((a == FULL) | (b == FULL), FULL, np.where((a == EMPTY) & (b == EMPTY), EMPTY, PARTIAL))
 
 
-def _from_counts(count: np.ndarray, size: np.ndarray) -> np.ndarray:
+def from_counts(count: np.ndarray, size: np.ndarray) -> np.ndarray:
     """Tile class from how many of a tile's ``size`` cells are allowed."""
     return np.where(count == 0, EMPTY, np.where(count == size, FULL, PARTIAL))
 
 
-def _classify_by_evaluation(mask: Mask, q0: np.ndarray, k0: np.ndarray, nq: int, nk: int) -> np.ndarray:
-    """Exact tile classes by evaluating the predicate a few rows of tiles at a time."""
-    block_q = int(q0[1] - q0[0]) if q0.size > 1 else nq
-    rows_per_chunk = max(1, (1 << 22) // max(1, block_q * nk))  # ~4 M cells per evaluation
+def _classify_by_evaluation(mask: Mask, q0: np.ndarray, q1: np.ndarray, k0: np.ndarray, nq: int, nk: int) -> np.ndarray:
+    """Exact tile classes by evaluating the predicate a few rows of tiles at a time.
+
+    ``q0``, ``q1`` are the first and one-past-last query rows of each tile row (consecutive
+    tiles), ``k0`` the first key column of each tile column; memory stays ~4 M cells.
+    """
+    block_q = int(q1[0] - q0[0])
+    rows_per_chunk = max(1, (1 << 22) // max(1, block_q * nk))
     out = []
     for c in range(0, q0.size, rows_per_chunk):
-        r0, r1 = int(q0[c]), min(nq, int(q0[c]) + rows_per_chunk * block_q)
+        r0, r1 = int(q0[c]), int(q1[min(c + rows_per_chunk, q0.size) - 1])
         a = mask.tile(r0, r1, 0, nk, nq, nk)
         rows = q0[c : c + rows_per_chunk] - r0
         anyk = np.logical_or.reduceat(a, k0, axis=-1)

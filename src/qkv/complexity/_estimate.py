@@ -1,0 +1,168 @@
+"""``estimate``: FLOPs, materialised scores, peak memory and KV cache of one attention call.
+
+What each impl computes and keeps is described in ``qkv.complexity``'s docstring.
+"""
+
+import math
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import masks
+from .._checks import check_flag, check_impl
+from .._core import dispatch
+from .._impls import build_call
+from .._impls.flash import choose_tiles
+from ..errors import MaskError
+from ._model import ITEMSIZE, check_sizes, compute_itemsize, flops, tile_pairs
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted cost of one call (see the module docstring for every formula)."""
+
+    impl: str  # the impl counted ("auto" resolved)
+    batch: int
+    heads: int
+    kv_heads: int
+    n_q: int
+    n_k: int
+    d_k: int
+    d_v: int
+    dtype: str
+    mask: str | None
+    backward: bool
+    pairs: int  # (query, key) pairs computed per head
+    kept_fraction: float  # pairs / (n_q · n_k)
+    tiles: tuple[int, int] | None  # flash tile sizes (block_q, block_k)
+    flops: int
+    score_bytes: int
+    peak_bytes: int
+    kv_cache_bytes: int
+    input_bytes: int
+    output_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict of every field."""
+        d = asdict(self)
+        d["tiles"] = None if self.tiles is None else list(self.tiles)
+        return d
+
+
+def _as_mask(mask: Any) -> masks.Mask | None:
+    if mask is None or isinstance(mask, masks.Mask):
+        return mask
+    if isinstance(mask, np.ndarray) and mask.dtype == bool:
+        return masks.from_dense(mask)
+    raise MaskError(f"mask must be a qkv.masks.Mask, a boolean NumPy array or None, got {type(mask).__name__}")
+
+
+def _shaped(b: int, h: int, hkv: int, nq: int, nk: int, dk: int, dv: int) -> tuple[Any, Any, Any]:
+    """NumPy ``q, k, v`` of these shapes holding no memory (one zero broadcast: stride 0), so that
+    the real ``qkv.dispatch`` and the flash kernel's tile choice can be asked about a configuration."""
+    zero = np.zeros((), dtype=np.float32)
+    return (
+        np.broadcast_to(zero, (b, h, nq, dk)),
+        np.broadcast_to(zero, (b, hkv, nk, dk)),
+        np.broadcast_to(zero, (b, hkv, nk, dv)),
+    )
+
+
+def _torch_split(nq: int) -> tuple[int, int]:
+    """Tile sizes of torch's CPU flash kernel (``aten/src/ATen/native/cpu/FlashAttentionKernel.cpp``)."""
+    return (256 if nq >= 768 else 64 if nq >= 192 else 32), 512
+
+
+def estimate(
+    n_q: int,
+    n_k: int | None = None,
+    d_k: int = 64,
+    d_v: int | None = None,
+    heads: int = 1,
+    kv_heads: int | None = None,
+    batch: int = 1,
+    dtype: str = "float32",
+    impl: str = "reference",
+    mask: Any = None,
+    backward: bool = False,
+) -> Estimate:
+    """Predicted FLOPs and bytes of ``qkv.attention`` (and its backward) for one configuration.
+
+    ``n_k`` defaults to ``n_q``, ``d_v`` to ``d_k``, ``kv_heads`` to ``heads`` (GQA: fewer; MQA:
+    1). ``mask``: a ``qkv.masks.Mask`` or a boolean array (True = may attend); ``impl`` as in
+    ``qkv.attention``. Formulas and what each impl computes: the module docstring.
+
+    >>> e = estimate(2048, heads=32, batch=8)
+    >>> e.score_bytes / 1e9                      # 8 · 32 · 2048² · 4 B
+    4.294967296
+    >>> estimate(8192, impl="flash", mask=masks.causal()).kept_fraction
+    """
+    nq, nk, dk, dv, h, hkv, b, dtype = check_sizes(n_q, n_k, d_k, d_v, heads, kv_heads, batch, dtype)
+    check_impl(impl)
+    check_flag(backward, "backward")
+    m = _as_mask(mask)
+    name = None if m is None else m.name
+    q, k, v = _shaped(b, h, hkv, nq, nk, dk, dv)
+    call = build_call(q, k, v, mask=m)  # the same normalisation as qkv.attention (drops a mask hiding nothing)
+    m = call.mask
+    if impl == "auto":
+        impl = dispatch(q, k, v, mask=m).impl  # resolved as qkv.attention resolves it for NumPy inputs
+    s = ITEMSIZE[dtype]
+    c = compute_itemsize(dtype)
+    lanes = b * h
+    mask_batch = 1 if m is None else math.prod(m.blocks(nq, nk, nq, nk).shape[:-2])
+    mask_pairs = 0 if m is None else mask_batch * nq * nk
+    tiles = None
+    if impl == "flash":
+        bq, bk = choose_tiles(call)
+        pairs, partial = tile_pairs(m, nq, nk, bq, bk)
+        tiles = (bq, bk)
+        row_tiles = 1  # the kernel frees each tile before allocating the next
+        peak = (row_tiles * lanes * bq * bk + lanes * bq * (dk + 4 * dv) + lanes * nq) * c  # + lse
+        peak += 13 * bq * bk if partial else 0  # a PARTIAL tile's mask: index grid, booleans, 0/-inf bias
+        if backward:
+            # a, dP = dO Vᵀ and dS = a ∘ (dP − D) of this tile
+            bwd = (2 * row_tiles + 1) * lanes * bq * bk + 2 * lanes * bq * (dk + dv) + lanes * nq
+            if c != s:  # half precision: the float32 gradient accumulators are not the outputs
+                bwd += lanes * nq * dk + b * hkv * nk * (dk + dv)
+            peak = max(peak, bwd * c + (13 * bq * bk if partial else 0))  # dQ, dK, dV are the outputs
+        score = 0
+    else:
+        pairs = nq * nk
+        if impl == "reference":
+            score = lanes * nq * nk * c
+            peak = (7 if backward else 3) * score + mask_pairs
+            if c != s:  # half precision: q, k, v computed in float32 copies
+                peak += (lanes * nq * dk + b * hkv * nk * (dk + dv)) * c
+        else:
+            qs, ks = _torch_split(nq)
+            threads = os.cpu_count() or 1
+            peak = threads * ((4 if backward else 1) * qs * ks + qs * dv) * c + lanes * nq * 4
+            peak += lanes * nq * dk * s if backward else 0
+            plain_causal = m is masks.causal() and nq == nk  # SDPA's is_causal: no mask tensor
+            peak += 0 if (m is None or plain_causal) else (4 + c) * mask_pairs
+            score = 0
+    return Estimate(
+        impl=impl,
+        batch=b,
+        heads=h,
+        kv_heads=hkv,
+        n_q=nq,
+        n_k=nk,
+        d_k=dk,
+        d_v=dv,
+        dtype=dtype,
+        mask=name,
+        backward=backward,
+        pairs=pairs,
+        kept_fraction=pairs / (nq * nk),
+        tiles=tiles,
+        flops=flops(lanes, pairs, dk, dv, backward),
+        score_bytes=score,
+        peak_bytes=int(peak),
+        kv_cache_bytes=b * hkv * nk * (dk + dv) * s,
+        input_bytes=(lanes * nq * dk + b * hkv * nk * (dk + dv)) * s,
+        output_bytes=lanes * nq * dv * s,
+    )

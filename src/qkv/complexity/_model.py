@@ -1,0 +1,109 @@
+"""The cost model ``qkv.complexity`` and ``qkv.bench`` share: FLOPs per (query, key) pair, pair counts, itemsizes.
+
+FLOPs count the two (forward) or five (backward) matrix products, a multiply-add as 2; the
+softmax's exp, max and sums are O(Nq·Nk) without a factor D and are not counted:
+
+    forward  = 2 · L · P · (Dk + Dv)            4·B·H·Nq·Nk·Dk when dense with Dv = Dk
+    backward = 2 · L · P · (3·Dk + 2·Dv)        S = QKᵀ recomputed, dV = AᵀdO, dP = dO Vᵀ,
+                                                dQ = dS K, dK = dSᵀQ: 2.5x the forward
+                                                (FlashAttention-2, arXiv:2307.08691)
+
+with ``L = B·H`` heads and ``P`` the (query, key) pairs per head that are computed: every
+pair the mask allows (``mask_pairs``: the useful work, the same credit for every
+implementation), or every pair of every tile a tiled kernel keeps (``tile_pairs``).
+"""
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .. import masks
+from .._checks import check_choice, check_int
+from ..errors import DTypeError, ShapeError
+
+ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+"""Bytes per element of the dtypes qkv computes in."""
+
+CHUNK = 1 << 20
+"""Tiles classified at once by ``tile_pairs``: memory stays a few MiB for any sequence length."""
+
+
+class Sizes(NamedTuple):
+    """One configuration's sizes, checked: ``Nq, Nk, Dk, Dv, H, Hkv, B`` and the dtype."""
+
+    nq: int
+    nk: int
+    dk: int
+    dv: int
+    h: int
+    hkv: int
+    b: int
+    dtype: str
+
+
+def check_sizes(
+    n_q: Any, n_k: Any, d_k: Any, d_v: Any, heads: Any, kv_heads: Any, batch: Any, dtype: Any, q_name: str = "n_q"
+) -> Sizes:
+    """Validate a configuration (defaults: ``n_k = n_q``, ``d_v = d_k``, ``kv_heads = heads``)."""
+    nq = check_int(n_q, q_name, minimum=1)
+    nk = nq if n_k is None else check_int(n_k, "n_k", minimum=1)
+    dk = check_int(d_k, "d_k", minimum=1)
+    dv = dk if d_v is None else check_int(d_v, "d_v", minimum=1)
+    h, b = check_int(heads, "heads", minimum=1), check_int(batch, "batch", minimum=1)
+    hkv = h if kv_heads is None else check_int(kv_heads, "kv_heads", minimum=1)
+    if h % hkv:
+        raise ShapeError(f"heads={h} is not a multiple of kv_heads={hkv}: each kv head serves H // Hkv query heads")
+    check_choice(dtype, "dtype", tuple(ITEMSIZE), error=DTypeError)
+    return Sizes(nq, nk, dk, dv, h, hkv, b, dtype)
+
+
+def compute_itemsize(dtype: str) -> int:
+    """Bytes per element arithmetic runs in: float32 for half precision (API.md), else the dtype's."""
+    return 4 if dtype in ("float16", "bfloat16") else ITEMSIZE[dtype]
+
+
+def flops(lanes: int, pairs: int, d_k: int, d_v: int, backward: bool = False) -> int:
+    """FLOPs of attention over ``pairs`` (query, key) pairs in each of ``lanes = B·H`` heads."""
+    forward = 2 * lanes * pairs * (d_k + d_v)
+    return forward + (2 * lanes * pairs * (3 * d_k + 2 * d_v) if backward else 0)
+
+
+def edges(n: int, block: int) -> np.ndarray:
+    """Lengths of the tiles of ``block`` along an axis of ``n`` (the last may be shorter)."""
+    return np.diff(np.minimum(np.arange(0, n + block, block), n))
+
+
+def tile_pairs(mask: Any, nq: int, nk: int, block_q: int, block_k: int) -> tuple[int, bool]:
+    """``(pairs, partial)``: the pairs in every tile that is not EMPTY for some batch element
+    (a tiled kernel runs each tile for all batch elements at once), and whether any tile is
+    PARTIAL. Classified ``CHUNK`` tiles at a time."""
+    if mask is None:
+        return nq * nk, False
+    nbq, nbk = -(-nq // block_q), -(-nk // block_k)
+    cols = edges(nk, block_k)
+    step = max(1, CHUNK // nbk)
+    pairs, partial = 0, False
+    for r0 in range(0, nbq, step):
+        c = mask.blocks(nq, nk, block_q, block_k, rows=(r0, r0 + step))
+        c = c.reshape(-1, *c.shape[-2:])
+        kept = (c != masks.EMPTY).any(axis=0)
+        rows = edges(nq, block_q)[r0 : r0 + step]
+        pairs += int((kept * rows[:, None] * cols[None, :]).sum())
+        partial = partial or bool((c == masks.PARTIAL).any())
+    return pairs, partial
+
+
+def mask_pairs(mask: Any, nq: int, nk: int, block: int = 512) -> int:
+    """The (query, key) pairs ``mask`` allows in one ``nq x nk`` head: FULL tiles counted
+    whole, PARTIAL ones evaluated, EMPTY ones skipped (first batch element)."""
+    if mask is None:
+        return nq * nk
+    cls = mask.blocks(nq, nk, block, block)
+    cls = cls.reshape(-1, *cls.shape[-2:])[0]
+    rows, cols = edges(nq, block), edges(nk, block)
+    total = int((np.outer(rows, cols) * (cls == masks.FULL)).sum())
+    for bi, bj in zip(*np.nonzero(cls == masks.PARTIAL), strict=True):
+        q0, k0 = int(bi) * block, int(bj) * block
+        t = mask.tile(q0, min(q0 + block, nq), k0, min(k0 + block, nk), nq, nk)
+        total += int(t.reshape(-1, *t.shape[-2:])[0].sum())
+    return total

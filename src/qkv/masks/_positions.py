@@ -1,0 +1,131 @@
+"""Masks that relate a query's position to a key's: causal, sliding window, prefix LM, dilated.
+
+Every one is a band of relative distances ``d = p - j`` between the query's *aligned*
+position ``p = i + (Nk - Nq)`` (bottom-right, so one new query against a KV cache sits after
+every cached key) and the key ``j``; tiles are classified analytically from the smallest and
+largest ``d`` a tile holds, without evaluating a single cell.
+"""
+
+import numpy as np
+
+from .._checks import check_int
+from ..errors import MaskError
+from ._mask import EMPTY, FULL, PARTIAL, Mask
+
+MAX_LENGTH = 2**31 - 1
+"""Largest size a mask parameter may take: far beyond any sequence, and int64 index arithmetic
+(``i + offset - j``, ``window · dilation``) cannot overflow below it."""
+
+
+def aligned(nq: int, nk: int) -> int:
+    """Shift from a query row to its aligned position (bottom-right): ``p = i + (nk - nq)``."""
+    return nk - nq
+
+
+def length(value: object, name: str, minimum: int = 1) -> int:
+    """A mask size parameter: an integer in ``minimum..MAX_LENGTH`` (``MaskError`` otherwise)."""
+    return check_int(value, name, minimum=minimum, maximum=MAX_LENGTH, error=MaskError)
+
+
+def _band(lo: int, hi: int, offset: int | None, name: str) -> Mask:
+    """Keys at distance ``d = i + offset - j`` with ``lo <= d <= hi`` (offset None: Nk - Nq)."""
+
+    def off(nq: int, nk: int) -> int:
+        # an offset beyond [-nq, nk] hides or shows the same keys as the bound (hi is only finite with
+        # offset None): clipping keeps int64 index arithmetic exact for any Python int
+        return aligned(nq, nk) if offset is None else min(max(offset, -nq), nk)
+
+    def allowed(i, j, nq, nk):
+        d = i + off(nq, nk) - j
+        return (d >= lo) & (d <= hi)
+
+    def tiles(q0, q1, k0, k1, nq, nk):
+        o = off(nq, nk)
+        dmin, dmax = q0 + o - (k1 - 1), (q1 - 1) + o - k0  # d takes every value in between
+        return np.where((dmax < lo) | (dmin > hi), EMPTY, np.where((dmin >= lo) & (dmax <= hi), FULL, PARTIAL))
+
+    return Mask(allowed, name, tiles)
+
+
+def causal(offset: int | None = None) -> Mask:
+    """Query ``i`` may attend key ``j`` iff ``j <= i + offset``; ``offset=None`` means ``Nk - Nq``.
+
+    None is bottom-right aligned: the last query sees every key (a KV-cache decode step);
+    ``offset=0`` is PyTorch's top-left ``is_causal``. Nq=3, Nk=4, offset None:
+
+        █ █ · ·
+        █ █ █ ·
+        █ █ █ █
+    """
+    if offset is not None:
+        offset = check_int(offset, "causal offset", error=MaskError)
+    if offset is None:
+        return _CAUSAL
+    return _band(0, np.iinfo(np.int64).max, int(offset), f"causal(offset={offset})")
+
+
+_CAUSAL = _band(0, np.iinfo(np.int64).max, None, "causal")  # one object: impls recognise it by identity
+
+
+def sliding_window(size: int, causal: bool = True) -> Mask:
+    """Keys within ``size`` positions of the query's aligned position ``p``; ``d = p - j``.
+
+    ``causal=True``: ``0 <= d < size``, the ``size`` most recent keys including itself
+    (Mistral's window). ``causal=False``: ``|d| < size``, ``size - 1`` keys on each side
+    (Longformer, arXiv:2004.05150). Nq=Nk=5, size=2, causal:
+
+        █ · · · ·
+        █ █ · · ·
+        · █ █ · ·
+        · · █ █ ·
+        · · · █ █
+    """
+    size = length(size, "sliding_window size")
+    if causal:
+        return _band(0, size - 1, None, f"sliding_window({size})")
+    return _band(-(size - 1), size - 1, None, f"sliding_window({size}, causal=False)")
+
+
+def prefix_lm(prefix_len: int) -> Mask:
+    """Every query sees the first ``prefix_len`` keys (bidirectional prefix), the rest causally.
+
+    Allowed iff ``j < prefix_len`` or ``j <= p`` (T5 / UniLM prefix LM, arXiv:1910.10683).
+    """
+    n = length(prefix_len, "prefix_len", minimum=0)
+
+    def allowed(i, j, nq, nk):
+        return (j < n) | (j <= i + aligned(nq, nk))
+
+    def tiles(q0, q1, k0, k1, nq, nk):
+        o = aligned(nq, nk)
+        some = (k0 < n) | (k0 <= q1 - 1 + o)  # the smallest j is allowed in the last row
+        hidden = (k1 - 1 >= n) & (k1 - 1 > q0 + o)  # the largest j is hidden from the first row
+        return np.where(~some, EMPTY, np.where(hidden, PARTIAL, FULL))
+
+    return Mask(allowed, f"prefix_lm({n})", tiles)
+
+
+def dilated(window: int, dilation: int) -> Mask:
+    """Every ``dilation``-th key within ``window · dilation`` positions on either side:
+    ``|d| < window · dilation`` and ``d % dilation == 0`` (Longformer's dilated window).
+
+    Symmetric; combine with ``causal()`` for the causal form.
+    """
+    window = length(window, "dilated window")
+    dilation = length(dilation, "dilated dilation")
+    reach = window * dilation - 1
+    band = _band(-reach, reach, None, "band")
+
+    def allowed(i, j, nq, nk):
+        d = i + aligned(nq, nk) - j
+        return (np.abs(d) <= reach) & (d % dilation == 0)
+
+    def tiles(q0, q1, k0, k1, nq, nk):
+        c = band._classify(q0, q1, k0, k1, nq, nk)
+        if dilation == 1:
+            return c
+        single = (q1 - q0 == 1) & (k1 - k0 == 1)  # a one-cell tile is all or nothing
+        cell = allowed(q0, k0, nq, nk)
+        return np.where(c == EMPTY, EMPTY, np.where(single, np.where(cell, FULL, EMPTY), PARTIAL))
+
+    return Mask(allowed, f"dilated({window}, dilation={dilation})", tiles)

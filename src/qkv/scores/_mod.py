@@ -1,0 +1,108 @@
+"""The ``ScoreMod`` type: a function of the scaled scores and their positions, with its derivative.
+
+``fn(xp, s, i, j, nq, nk) -> (s', ds'/ds)``; ``+`` chains two mods (apply the left, then the
+right; derivatives multiply). A pure bias (``s' = s + bias(i, j)``) also carries ``bias``, so
+kernels that only add a float mask (torch SDPA) can apply it.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._backend import from_numpy, is_jax, is_torch, kind, namespace, to_numpy
+from .._typing import Array
+from ..errors import ShapeError
+
+Grad = Array | float | None
+"""``ds'/ds``: an array, a constant, or None for 1 (a pure bias)."""
+
+ModFn = Callable[[Any, Array, np.ndarray, np.ndarray, int, int], tuple[Array, Grad]]
+"""``(xp, s, i, j, nq, nk) -> (s', ds'/ds)`` with ``i (rows, 1)``, ``j (1, cols)`` NumPy ints."""
+
+
+@dataclass(frozen=True, eq=False)
+class ScoreMod:
+    """A function of the scaled scores and their positions; ``bias`` is set for pure biases
+    (``s' = s + bias(i, j)``), which lets impls hand them to kernels as an additive mask."""
+
+    fn: ModFn
+    name: str
+    bias: Callable[[Any, Array, np.ndarray, np.ndarray, int, int], Array] | None = None
+    tensors: tuple[Array, ...] = ()  # learnable arrays it closes over (kernels without autograd decline them)
+
+    def __call__(self, s: Array, i: np.ndarray, j: np.ndarray, nq: int, nk: int) -> Array:
+        """``s'`` for scores ``s`` at rows ``i (rows, 1)`` and columns ``j (1, cols)``."""
+        return self.with_grad(s, i, j, nq, nk)[0]
+
+    def with_grad(self, s: Array, i: np.ndarray, j: np.ndarray, nq: int, nk: int) -> tuple[Array, Grad]:
+        """``(s', ds'/ds)``; the derivative is None when it is 1 everywhere."""
+        return self.fn(namespace(s=s), s, i, j, nq, nk)
+
+    def __add__(self, other: "ScoreMod") -> "ScoreMod":
+        """Chain: apply ``self``, then ``other``."""
+        if not isinstance(other, ScoreMod):
+            return NotImplemented
+        a, b = self, other
+
+        def fn(xp, s, i, j, nq, nk):
+            s1, g1 = a.fn(xp, s, i, j, nq, nk)
+            s2, g2 = b.fn(xp, s1, i, j, nq, nk)
+            return s2, _mul(g1, g2)
+
+        both = None
+        if a.bias is not None and b.bias is not None:
+            ab, bb = a.bias, b.bias
+
+            def both(xp, like, i, j, nq, nk):
+                return ab(xp, like, i, j, nq, nk) + bb(xp, like, i, j, nq, nk)
+
+        return ScoreMod(fn, f"{a.name} + {b.name}", both, a.tensors + b.tensors)
+
+    def __repr__(self) -> str:
+        return f"ScoreMod({self.name})"
+
+
+def _mul(a: Grad, b: Grad) -> Grad:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a * b
+
+
+def additive_mod(
+    bias: Callable[[Any, Array, np.ndarray, np.ndarray, int, int], Array], name: str, tensors: tuple[Array, ...] = ()
+) -> ScoreMod:
+    def fn(xp, s, i, j, nq, nk):
+        return s + bias(xp, s, i, j, nq, nk), None
+
+    return ScoreMod(fn, name, bias, tensors)
+
+
+def is_array(x: Any) -> bool:
+    """A torch tensor or JAX array (kept as is, so autograd and ``jax.grad`` reach it)."""
+    return is_torch(x) or is_jax(x)
+
+
+def is_traced(x: Any) -> bool:
+    """A JAX tracer (inside ``jax.grad`` / ``jit``): it has no concrete values to show."""
+    return is_jax(x) and type(x).__name__.endswith("Tracer")
+
+
+def heads(s: Array) -> int:
+    return s.shape[-3] if s.ndim >= 3 else 1
+
+
+def per_head(xp: Any, values: Array, like: Array, what: str) -> Array:
+    """``values (H, ...)`` in the library and dtype of ``like``, checked against its head axis."""
+    h = heads(like)
+    if values.shape[0] not in (1, h):
+        raise ShapeError(
+            f"{what} has {values.shape[0]} heads on axis 0 but the scores have H={h} on axis -3 "
+            f"({what}: {tuple(values.shape)}, scores: {tuple(like.shape)})"
+        )
+    if kind(like) != kind(values):  # a NumPy table on torch / JAX scores, or the reverse
+        values = from_numpy(to_numpy(values), like)
+    return xp.astype(values, like.dtype)
