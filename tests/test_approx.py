@@ -166,7 +166,17 @@ def test_performer_error_shrinks_as_features_grow(causal, rng):
 def test_random_features_are_unbiased_for_the_softmax_kernel(rng):
     """Each seed gives one independent 8-feature estimate; their mean must sit within 5 standard
     errors of exp(q·k/√d) (the inputs are small, so the estimates are not heavy-tailed)."""
-    from qkv.approx._features import softmax_kernel_estimate
+    from qkv.approx._features import orthogonal_gaussian
+
+    def softmax_kernel_estimate(q, k, n_features, seed):
+        """The unstabilised FAVOR+ estimate φ(q)·φ(k) of exp(q·k/√d), φ(x) = exp(ω·x' − |x'|²/2) / √m, x' = x/d^¼."""
+        w = orthogonal_gaussian(n_features, q.shape[-1], seed)
+
+        def phi(x):
+            x = x / q.shape[-1] ** 0.25
+            return np.exp(x @ w.T - (x * x).sum(-1, keepdims=True) / 2) / math.sqrt(n_features)
+
+        return phi(q) @ phi(k).T
 
     q, k = 0.3 * rng.standard_normal((3, 4)), 0.3 * rng.standard_normal((5, 4))
     exact = np.exp(q @ k.T / math.sqrt(4))

@@ -72,7 +72,14 @@ def test_the_wheel_holds_the_package_and_nothing_else(dist):
     assert static_assets(), "src/qkv/lab/static is empty"
     for asset in static_assets():
         assert asset in names, f"{asset} missing from the wheel"
-    assert {"qkv/__init__.py", "qkv/py.typed", "qkv/cli/__init__.py", "qkv/cli/lab.py", "qkv/masks/__init__.py", "qkv/nn/__init__.py"} <= names
+    assert {
+        "qkv/__init__.py",
+        "qkv/py.typed",
+        "qkv/cli/__init__.py",
+        "qkv/cli/lab.py",
+        "qkv/masks/__init__.py",
+        "qkv/nn/__init__.py",
+    } <= names
     assert f"qkv-{VERSION}.dist-info/licenses/LICENSE" in names
     assert not [n for n in names if n.split("/")[0] in ("tests", "benchmarks", "examples", "docs", "scripts")]
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]

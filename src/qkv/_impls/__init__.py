@@ -147,8 +147,3 @@ def dispatch(impl: str, c: Call) -> tuple[Impl, Dispatch]:
             raise ArgumentError(f"impl={impl!r} cannot run this call exactly: {why}; use impl='auto' or 'reference'")
         name, reason = impl, f"impl={impl!r} was asked for"
     return IMPLS[name], Dispatch(name, "array" if name == "flash" else None, reason)
-
-
-def choose(impl: str, c: Call) -> Impl:
-    """The impl named ``impl`` (or the one ``"auto"`` picks); raises if it cannot run ``c``."""
-    return dispatch(impl, c)[0]

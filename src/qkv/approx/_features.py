@@ -117,16 +117,3 @@ def favor_features(xp: Any, x: Array, w: Array, *, query: bool) -> Array:
     half_sq = xp.sum(x * x, axis=-1, keepdims=True) / 2.0  # part of each key's kernel value: keeps its gradient
     top = _stop_gradient(xp.max(row_max - half_sq, axis=-2, keepdims=True))  # max exponent of the head
     return xp.exp(proj - (half_sq + top))
-
-
-def softmax_kernel_estimate(q: np.ndarray, k: np.ndarray, n_features: int, seed: int) -> np.ndarray:
-    """The unstabilised FAVOR+ estimate ``φ(q)·φ(k)`` of ``exp(q·k / √Dk)`` (NumPy, for tests).
-
-    ``q (Nq, D)``, ``k (Nk, D)`` -> ``(Nq, Nk)``; its mean over seeds tends to the exact kernel.
-    """
-    import array_api_compat.numpy as xp
-
-    w = orthogonal_gaussian(n_features, q.shape[-1], seed)
-    fq = np.exp(favor_exponent(xp, q, w)) / math.sqrt(n_features)
-    fk = np.exp(favor_exponent(xp, k, w)) / math.sqrt(n_features)
-    return fq @ fk.T

@@ -12,7 +12,6 @@ every command:
 Anything else is a bug in qkv and keeps its traceback.
 """
 
-import json
 import math
 import os
 import sys
@@ -20,7 +19,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
@@ -37,12 +36,6 @@ BAD_INPUT, BAD_USAGE = 1, 2
 def one_line(message: str) -> str:
     """``message`` folded onto one line (no newlines reach the terminal)."""
     return " ".join(str(message).split())
-
-
-def fail(message: str, code: int = BAD_INPUT) -> NoReturn:
-    """Print ``error: message`` on one stderr line and exit with ``code``."""
-    typer.echo("error: " + one_line(message), err=True)
-    raise typer.Exit(code)
 
 
 def describe(e: BaseException) -> str:
@@ -201,8 +194,3 @@ def all_or_nothing(paths: Sequence[Path]) -> Iterator[list[Path]]:
     finally:
         for t in temps:
             t.unlink(missing_ok=True)
-
-
-def print_json(value: Any) -> None:
-    """``value`` as JSON on stdout (ASCII: safe on any terminal)."""
-    typer.echo(json.dumps(value, default=float))

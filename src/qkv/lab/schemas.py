@@ -12,13 +12,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 
+from .._typing import Impl
 from ..masks.spec import MASK_KINDS
 
 Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]  # JSON numbers only: no "1", NaN or inf
 Matrix = list[list[Number]]
-DTYPES = ("float32", "float64", "float16", "bfloat16")
-IMPLS = ("reference", "flash", "torch", "auto")
-POSITIONAL_KINDS = ("sinusoidal", "rope", "alibi", "learned")
 POS = ("rope", "alibi", "sinusoidal", "learned")
 
 
@@ -146,7 +144,7 @@ class ComplexityRequest(MaskSpec):
     kv_heads: int | None = Field(None, ge=1, le=1024)
     batch: int = Field(1, ge=1, le=4096)
     dtype: Literal["float32", "float64", "float16", "bfloat16"] = "float32"
-    impl: Literal["reference", "flash", "torch", "auto"] = "reference"
+    impl: Impl = "reference"
     backward: bool = False
 
 

@@ -5,7 +5,6 @@ global state, so building pictures in a loop or a server thread leaks nothing be
 matplotlib is imported inside the functions: ``import qkv`` (and ``import qkv.plot``) stay light.
 """
 
-import base64
 import html
 import io
 import math
@@ -117,12 +116,6 @@ def svg_text(fig: Any) -> str:
     fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
     text = buf.getvalue()
     return text[text.index("<svg") :]  # drop the XML prolog and doctype: inline in HTML
-
-
-def png_data_uri(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 def _cell(x: Any) -> str:
