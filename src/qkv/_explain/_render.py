@@ -31,7 +31,7 @@ def _matrices(value: np.ndarray) -> Iterator[tuple[str, list[list[str]]]]:
             yield f"… {len(lead) - MATRICES} more {m.shape[-2]}×{m.shape[-1]} matrices", []
             return
         rows = [
-            [("…" if j is None or i is None else _fmt(m[(*idx, i, j)])) for j in _cut(m.shape[-1])]
+            [("…" if j is None or i is None else _fmt(m[tuple(idx) + (i, j)])) for j in _cut(m.shape[-1])]
             for i in _cut(m.shape[-2])
         ]
         yield (f"[{', '.join(map(str, idx))}]" if idx else ""), rows

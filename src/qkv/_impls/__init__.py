@@ -68,6 +68,10 @@ class Dispatch(NamedTuple):
     reason: str
 
 
+DEFAULT_TILES = (flash.BLOCK_Q, flash.BLOCK_K)
+"""The flash kernel's tiles ``(block_q, block_k)`` for dense work (``flash.choose_tiles`` may pick
+smaller ones along a narrow mask)."""
+
 SMALL = 256 * 256
 """Below this many score entries per head the reference impl beats the tiled one (BENCHMARKS.md)."""
 

@@ -143,9 +143,9 @@ def flops(w: Workload, mode: str = "fwd", count: str = "entries") -> float:
     if count == "entries":
         pairs = allowed_entries(w)
     elif count == "tiles":
-        from .._impls import flash
+        from .._impls import DEFAULT_TILES
 
-        pairs = kept_tile_entries(w, flash.BLOCK_Q, flash.BLOCK_K)
+        pairs = kept_tile_entries(w, *DEFAULT_TILES)
     else:
         raise ValueError(f"count must be 'entries' or 'tiles', got {count!r}")
     return float(attention_flops(w.b * w.h, pairs, w.d, w.d, backward=mode == "fwdbwd"))

@@ -55,9 +55,17 @@ def _is(e: BaseException, name: str) -> bool:
 class OneLineErrors(TyperGroup):
     """The ``qkv`` group: usage errors and qkv's own errors become one stderr line and an exit code."""
 
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
         try:
-            super().main(*args, standalone_mode=False, **kwargs)
+            super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
             code = 0
         except (QKVError, OSError) as e:
             typer.echo(f"error: {describe(e)}", err=True)
