@@ -58,7 +58,7 @@ def sweep(name: str, n: int, mode: str, configs: list[tuple[int, int]], rounds: 
     fns = {f"{bq}x{bk}": _runner(w, mode, bq, bk, x) for bq, bk in configs}
     default = f"{DEFAULT[0]}x{DEFAULT[1]}"
     fns = {default: fns.pop(default), **fns} if default in fns else fns
-    fns["sdpa-flash"] = _sdpa(w, mode, x)  # the issue's baseline (with the dense mask), for scale
+    fns["sdpa-flash"] = _sdpa(w, mode, x)  # the targets' baseline (with the dense mask), for scale
     for fn in fns.values():
         fn()  # warm-up (and a first look at each config)
     wait_for_quiet(max_wait_s=30)

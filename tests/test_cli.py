@@ -270,3 +270,48 @@ def test_qkv_bench_quick_runs_through_the_real_app():
     ok = [r for r in json.loads(res.stdout) if r["status"] == "ok"]
     assert {"qkv-flash", "qkv-auto", "sdpa-flash"} <= {r["impl"] for r in ok}
     assert all(math.isfinite(r["median_s"]) and r["median_s"] > 0 for r in ok)
+
+
+# --------------------------------------------------------------------------- one error path
+
+
+def _one_line(result, code):
+    assert result.exit_code == code, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    assert "Traceback" not in result.output
+
+
+BAD_USAGE = [  # what click rejects while parsing: exit 2, one line
+    ("explain", "--nope"),
+    ("heatmap", "--n", "x"),
+    ("heatmap", "--n", "0"),
+    ("pe", "--n", "100000"),
+    ("complexity", "--d", "0"),
+    ("train", "--steps", "0"),
+    ("bench", "--suite", "nope"),
+    ("lab", "--port", "70000"),
+]
+BAD_INPUT = [  # what qkv rejects: exit 1, one line naming the problem
+    (("explain", "--q", "missing.npy", "--k", "missing.npy", "--v", "missing.npy"), "missing.npy"),
+    (("explain", "--q", "missing.npy"), "--q, --k and --v go together"),
+    (("heatmap", "--mask", "nonsense"), "unknown mask kind"),
+    (("pe", "--kind", "fourier"), "--kind must be one of"),
+    (("complexity", "--n", "12,x"), "--n must be comma-separated integers"),
+    (("complexity", "--plot", "cost.bmp"), "--plot writes .png, .svg or .pdf"),
+    (("train", "--task", "juggle", "--steps", "1"), "juggle"),
+]
+
+
+@pytest.mark.parametrize("args", BAD_USAGE, ids=lambda a: " ".join(a))
+def test_bad_usage_is_one_line_and_exit_2(runner, args):
+    _one_line(run(runner, *args), 2)
+
+
+@pytest.mark.parametrize("args,words", BAD_INPUT, ids=lambda a: " ".join(a) if isinstance(a, tuple) else None)
+def test_bad_input_is_one_line_and_exit_1(runner, args, words, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = run(runner, *args)
+    _one_line(result, 1)
+    assert words in result.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written

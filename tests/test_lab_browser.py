@@ -137,6 +137,7 @@ def test_explain_page(page, lab, shots):
     assert page.locator(".card").count() == len(qkv.explain())  # a card per step of the trace
     assert "0.4011" in page.inner_text(".card[data-step=A]")
     assert "1.2033" in page.inner_text(".card[data-step=O]")
+    assert f'would run impl="{qkv.explain().options["dispatch"]["impl"]}"' in page.inner_text("#summary")
     shots(page, "explain")
     redraws(page, "#steps", lambda: page.check("[name=causal]"))
     assert "0" in page.inner_text(".card[data-step=A]")

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
+from .._checks import check_impl
 from ..errors import ArgumentError, MaskError
 
-IMPLS = ("auto", "reference", "flash", "torch")
 
 IGNORED = frozenset(
     {
@@ -71,8 +71,7 @@ def register(name: str = "qkv", impl: str = "auto") -> str:
     """
     if not isinstance(name, str) or not name:
         raise ArgumentError(f"name must be a non-empty string, got {name!r}")
-    if impl not in IMPLS:
-        raise ArgumentError(f"impl must be one of {list(IMPLS)}, got {impl!r}")
+    check_impl(impl)
     from transformers.masking_utils import AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
 

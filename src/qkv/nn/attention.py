@@ -18,7 +18,7 @@ import numpy as np
 from torch import Tensor, nn
 
 from .._backend import is_torch
-from .._checks import check_heads
+from .._checks import check_heads, check_impl
 from .._core import attention
 from ..errors import ArgumentError, ShapeError
 from ..positional import rope
@@ -82,7 +82,7 @@ class MultiHeadAttention(nn.Module):
             raise ArgumentError(f"pos='rope' rotates feature pairs, so it needs an even d_k, got d_k={self.d_k}")
         if not 0.0 <= dropout < 1.0:
             raise ArgumentError(f"dropout must be a probability in [0, 1), got {dropout!r}")
-        self.pos, self.dropout, self.impl = pos, float(dropout), impl
+        self.pos, self.dropout, self.impl = pos, float(dropout), check_impl(impl)
         self.q_proj = nn.Linear(d_model, self.h * self.d_k, bias=bias)
         self.k_proj = nn.Linear(d_model, self.hkv * self.d_k, bias=bias)
         self.v_proj = nn.Linear(d_model, self.hkv * self.d_k, bias=bias)

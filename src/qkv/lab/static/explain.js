@@ -45,7 +45,9 @@
     const o = trace.options;
     summary.textContent = `inputs: ${Object.entries(trace.inputs).map(([n, s]) => `${n} (${s.join("×")})`).join(", ")}` +
       ` · scale ${Lab.fmt(o.scale)}${o.default_scale ? " = 1/√Dk" : ""}` + (o.mask ? ` · mask ${o.mask}` : "") +
-      (o.example ? " · the worked example" : "");
+      (o.example ? " · the worked example" : "") +
+      (o.dispatch ? ` · qkv.attention would run impl="${o.dispatch.impl}"` +
+        (o.dispatch.engine ? ` (${o.dispatch.engine} engine)` : "") + `: ${o.dispatch.reason}` : "");
     for (const s of trace.steps) {
       const card = document.createElement("div");
       card.className = "card";
