@@ -27,7 +27,6 @@ from typing import Any
 from .._checks import check_impl
 from ..errors import ArgumentError, MaskError
 
-
 IGNORED = frozenset(
     {
         # bookkeeping the attention itself does not use
