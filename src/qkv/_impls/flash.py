@@ -39,6 +39,7 @@ from .._backend import (
 from .._heads import cast, group_q, ungroup
 from .._softmax import finalise, safe_max
 from .._typing import Array, Result
+from ..masks._rows import full_pairs, kept_pairs, row_tiles, tile_counts
 from ._call import Call
 from .reference import recomputed
 
@@ -83,16 +84,28 @@ def choose_tiles(c: Call) -> tuple[int, int]:
     best: tuple[float, tuple[int, int]] | None = None
     for bq, bk in CANDIDATES:
         sizes = tile_sizes(d.nq, d.nk, bq, bk)
-        classes = tile_classes(c, *sizes)
-        q_len = np.diff(np.minimum(np.arange(classes.shape[0] + 1) * sizes[0], d.nq))[:, None]
-        k_len = np.diff(np.minimum(np.arange(classes.shape[1] + 1) * sizes[1], d.nk))[None, :]
-        area = q_len * k_len * np.where(classes == masks.PARTIAL, PARTIAL_COST, 1.0)
-        kept = classes != masks.EMPTY
-        cost = heads * float(area[kept].sum()) + TILE_OVERHEAD * int(kept.sum())
+        kept, full, n_kept = _tile_work(c, *sizes)
+        cost = heads * (full + PARTIAL_COST * (kept - full)) + TILE_OVERHEAD * n_kept
         if best is None or cost < best[0]:
             best = (cost, sizes)
     assert best is not None
     return best[1]
+
+
+def _tile_work(c: Call, bq: int, bk: int) -> tuple[int, int, int]:
+    """``(pairs in kept tiles, pairs in FULL tiles, kept tiles)`` per head: from the rows' key
+    intervals in O(tile rows) where the mask has them, else from the tile classes."""
+    d = c.dims
+    assert c.mask is not None
+    rt = row_tiles(c.mask, d.nq, d.nk, bq, bk)
+    if rt is not None:
+        return kept_pairs(rt, d.nk, bk), full_pairs(rt, d.nk, bk), tile_counts(rt)[0]
+    classes = tile_classes(c, bq, bk)
+    area = np.diff(np.minimum(np.arange(classes.shape[0] + 1) * bq, d.nq))[:, None] * np.diff(
+        np.minimum(np.arange(classes.shape[1] + 1) * bk, d.nk)
+    )[None, :]
+    kept = classes != masks.EMPTY
+    return int(area[kept].sum()), int(area[classes == masks.FULL].sum()), int(kept.sum())
 
 
 def supports(c: Call) -> str | None:

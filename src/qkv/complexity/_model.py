@@ -20,6 +20,7 @@ import numpy as np
 from .. import masks
 from .._checks import check_choice, check_int
 from ..errors import DTypeError, ShapeError
+from ..masks._rows import full_pairs, kept_pairs, row_tiles
 
 ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 """Bytes per element of the dtypes qkv computes in."""
@@ -76,9 +77,14 @@ def edges(n: int, block: int) -> np.ndarray:
 def tile_pairs(mask: Any, nq: int, nk: int, block_q: int, block_k: int) -> tuple[int, bool]:
     """``(pairs, partial)``: the pairs in every tile that is not EMPTY for some batch element
     (a tiled kernel runs each tile for all batch elements at once), and whether any tile is
-    PARTIAL. Classified ``CHUNK`` tiles at a time."""
+    PARTIAL. O(tile rows) from the rows' key intervals where the mask has them; otherwise the
+    tiles are classified ``CHUNK`` at a time (bounded memory, time O(tiles))."""
     if mask is None:
         return nq * nk, False
+    rt = row_tiles(mask, nq, nk, block_q, block_k)
+    if rt is not None:
+        kept = kept_pairs(rt, nk, block_k)
+        return kept, kept > full_pairs(rt, nk, block_k)
     nbq, nbk = -(-nq // block_q), -(-nk // block_k)
     cols = edges(nk, block_k)
     step = max(1, CHUNK // nbk)
@@ -86,10 +92,10 @@ def tile_pairs(mask: Any, nq: int, nk: int, block_q: int, block_k: int) -> tuple
     for r0 in range(0, nbq, step):
         c = mask.blocks(nq, nk, block_q, block_k, rows=(r0, r0 + step))
         c = c.reshape(-1, *c.shape[-2:])
-        kept = (c != masks.EMPTY).any(axis=0)
+        kept_tiles = (c != masks.EMPTY).any(axis=0)
         rows = edges(nq, block_q)[r0 : r0 + step]
-        pairs += int((kept * rows[:, None] * cols[None, :]).sum())
-        partial = partial or bool((c == masks.PARTIAL).any())
+        pairs += int((kept_tiles * rows[:, None] * cols[None, :]).sum())
+        partial = partial or bool((kept_tiles & ~(c == masks.FULL).all(axis=0)).any())
     return pairs, partial
 
 

@@ -45,8 +45,16 @@ def padding(kv_lengths: Any, q_lengths: Any = None) -> Mask:
             full, empty = full & (q1 <= ql), empty | (q0 >= ql)
         return np.where(empty, EMPTY, np.where(full, FULL, PARTIAL))
 
+    def rows(i, nq, nk):
+        k = np.minimum(kl, nk)
+        k = k[..., 0] if k.ndim else k  # (B, 1, 1): the (B, H, Nq) layout
+        if ql is None:
+            return np.zeros_like(k) + np.zeros_like(i), k + np.zeros_like(i)
+        real = i < (ql[..., 0] if ql.ndim else ql)
+        return np.where(real, 0, k), k + np.zeros_like(i)  # a padded query: the empty interval [k, k)
+
     name = "padding" if ql is None else "padding(with q_lengths)"
-    return Mask(allowed, name, tiles)
+    return Mask(allowed, name, tiles, rows=rows)
 
 
 def document(doc_ids: Any) -> Mask:
@@ -85,7 +93,16 @@ def document(doc_ids: Any) -> Mask:
         full = (qlo == qhi) & (klo == khi) & (qlo == klo)  # one document on both sides
         return lift(np.where(empty, EMPTY, np.where(full, FULL, PARTIAL)))
 
-    return Mask(allowed, "document", tiles, (ids.shape[-1], ids.shape[-1]))
+    def rows(i, nq, nk):  # packed (sorted) ids: a document is one run of positions
+        d = checked(nq, nk)
+        flat = d.reshape(-1, d.shape[-1])
+        p = i + aligned(nq, nk)
+        lo = np.stack([np.searchsorted(row, row[p], "left") for row in flat])
+        hi = np.stack([np.searchsorted(row, row[p], "right") for row in flat])
+        return lift(lo.reshape(*d.shape[:-1], -1)), lift(hi.reshape(*d.shape[:-1], -1))
+
+    packed = bool((np.diff(ids, axis=-1) >= 0).all())
+    return Mask(allowed, "document", tiles, (ids.shape[-1], ids.shape[-1]), rows if packed else None)
 
 
 def global_tokens(indices: Sequence[int] | np.ndarray) -> Mask:
@@ -133,25 +150,27 @@ def random_blocks(block: int, per_row: int, seed: int) -> Mask:
     seed = check_int(seed, "random_blocks seed", minimum=0, error=MaskError)  # numpy's seeds are non-negative
 
     @lru_cache(maxsize=8)
-    def table(nq: int, nk: int) -> np.ndarray:
+    def chosen(nq: int, nk: int) -> np.ndarray:
+        """The key blocks each query block attends, sorted: int64 ``(ceil(Nq / block), per_row')``,
+        O(blocks · per_row) memory (not the block grid: ``block=1`` at N = 8192 would be 64 M cells)."""
         nqb, nkb = math.ceil(nq / block), math.ceil(nk / block)
         rng = np.random.default_rng(seed)
-        t = np.zeros((nqb, nkb), dtype=bool)
-        for r in range(nqb):
-            t[r, rng.choice(nkb, size=min(per_row, nkb), replace=False)] = True
-        return t
+        picks = [np.sort(rng.choice(nkb, size=min(per_row, nkb), replace=False)) for _ in range(nqb)]
+        return np.array(picks, dtype=np.int64).reshape(nqb, min(per_row, nkb))
 
     def allowed(i, j, nq, nk):
-        return table(nq, nk)[i // block, j // block]
+        picks = chosen(nq, nk)[i // block]  # (rows, 1, per_row)
+        return (picks == (j // block)[..., None]).any(axis=-1)
 
     def tiles(q0, q1, k0, k1, nq, nk):
-        t = table(nq, nk).astype(np.int64)
-        cum = np.zeros((t.shape[0] + 1, t.shape[1] + 1), dtype=np.int64)
-        cum[1:, 1:] = t.cumsum(0).cumsum(1)
-        a, b = q0 // block, (q1 - 1) // block + 1  # query blocks the tile touches
-        c, d = k0 // block, (k1 - 1) // block + 1
-        count = cum[b, d] - cum[a, d] - cum[b, c] + cum[a, c]
-        return from_counts(count, (b - a) * (d - c))
+        picks = chosen(nq, nk)
+        a, b = q0[:, 0] // block, (q1[:, 0] - 1) // block + 1  # query blocks each row of tiles touches
+        c, d = k0[0] // block, (k1[0] - 1) // block + 1  # key blocks each column of tiles touches
+        count = np.empty((a.size, c.size), dtype=np.int64)
+        for r in range(a.size):  # chosen (query, key) block pairs inside each tile
+            kbs = np.sort(picks[a[r] : b[r]].ravel())
+            count[r] = np.searchsorted(kbs, d) - np.searchsorted(kbs, c)
+        return from_counts(count, (b - a)[:, None] * (d - c)[None, :])
 
     return Mask(allowed, f"random_blocks({block}, per_row={per_row}, seed={seed})", tiles)
 

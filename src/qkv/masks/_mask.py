@@ -23,6 +23,13 @@ Tiles = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int], np.
 """``(q0, q1, k0, k1, nq, nk) -> int array``: the class of each tile ``[q0, q1) x [k0, k1)``;
 ``q0, q1`` have shape ``(nbq, 1)``, ``k0, k1`` shape ``(1, nbk)``."""
 
+Rows = Callable[[np.ndarray, int, int], tuple[np.ndarray, np.ndarray]]
+"""``(i, nq, nk) -> (lo, hi)``: query row ``i`` may attend exactly the keys ``lo <= j < hi``.
+``i (n,)``; ``lo``, ``hi`` int64 broadcasting to ``(..., n)`` (leading axes for batch-dependent
+masks). Neither ever decreases as ``i`` grows (an empty row is ``lo = hi``), so a row of tiles
+is bounded by its first and last query: what makes tile counts O(tile rows) and what the
+compiled kernel masks with."""
+
 
 @dataclass(frozen=True, eq=False)
 class Mask:
@@ -30,12 +37,24 @@ class Mask:
 
     ``tiles`` classifies tiles analytically where the structure allows it; without it,
     ``blocks()`` evaluates the predicate one row of tiles at a time (exact, O(block_q · Nk) memory).
+    ``rows`` gives each query row's allowed keys as one interval where the mask is that simple
+    (causal, sliding window, prefix LM, padding, packed documents, and ``&`` of those).
     """
 
     allowed: Allowed
     name: str
     tiles: Tiles | None = None
     size: tuple[int, int] | None = None  # (Nq, Nk) for masks built for one size (from_dense, document)
+    rows: Rows | None = None
+
+    def intervals(self, nq: int, nk: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Each query row's allowed keys ``[lo, hi)``: int64 ``(..., nq)`` each, or None when the
+        mask is not one interval per row (``|``, ``~``, global tokens, random blocks, arrays, functions)."""
+        if self.rows is None:
+            return None
+        lo, hi = self.rows(np.arange(nq), nq, nk)
+        lo, hi = np.broadcast_arrays(np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64))
+        return lo, np.maximum(lo, hi)
 
     def dense(self, nq: int, nk: int) -> np.ndarray:
         """The boolean matrix, NumPy ``(..., nq, nk)`` (leading axes only for batch-dependent masks)."""
@@ -80,6 +99,7 @@ class Mask:
             f"({a.name} & {b.name})",
             lambda *t: _and_classes(a._classify(*t), b._classify(*t)),
             a.size or b.size,
+            _and_rows(a.rows, b.rows),
         )
 
     def __or__(self, other: "Mask") -> "Mask":
@@ -121,6 +141,19 @@ def _as_mask(m: Any, op: str) -> Mask:
     if not isinstance(m, Mask):
         raise MaskError(f"cannot combine a Mask with {type(m).__name__} using {op}; wrap arrays in from_dense()")
     return m
+
+
+def _and_rows(a: Rows | None, b: Rows | None) -> Rows | None:
+    """The intersection of two interval masks (max and min of non-decreasing bounds never decrease)."""
+    if a is None or b is None:
+        return None
+
+    def rows(i: np.ndarray, nq: int, nk: int) -> tuple[np.ndarray, np.ndarray]:
+        (la, ha), (lb, hb) = a(i, nq, nk), b(i, nq, nk)
+        lo = np.maximum(la, lb)
+        return lo, np.maximum(lo, np.minimum(ha, hb))
+
+    return rows
 
 
 def _and_classes(a: np.ndarray, b: np.ndarray) -> np.ndarray:

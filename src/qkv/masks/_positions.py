@@ -44,7 +44,12 @@ def _band(lo: int, hi: int, offset: int | None, name: str) -> Mask:
         dmin, dmax = q0 + o - (k1 - 1), (q1 - 1) + o - k0  # d takes every value in between
         return np.where((dmax < lo) | (dmin > hi), EMPTY, np.where((dmin >= lo) & (dmax <= hi), FULL, PARTIAL))
 
-    return Mask(allowed, name, tiles)
+    def rows(i, nq, nk):
+        p = i.astype(np.int64) + off(nq, nk)  # allowed: p - hi <= j <= p - lo
+        first = np.clip(p - min(hi, nq + nk), 0, nk)  # hi beyond Nq + Nk reaches every key: keeps int64 exact
+        return first, np.maximum(first, np.clip(p - lo + 1, 0, nk))
+
+    return Mask(allowed, name, tiles, rows=rows)
 
 
 def causal(offset: int | None = None) -> Mask:
@@ -102,7 +107,11 @@ def prefix_lm(prefix_len: int) -> Mask:
         hidden = (k1 - 1 >= n) & (k1 - 1 > q0 + o)  # the largest j is hidden from the first row
         return np.where(~some, EMPTY, np.where(hidden, PARTIAL, FULL))
 
-    return Mask(allowed, f"prefix_lm({n})", tiles)
+    def rows(i, nq, nk):
+        p = i.astype(np.int64) + aligned(nq, nk)
+        return np.zeros_like(p), np.clip(np.maximum(n, p + 1), 0, nk)
+
+    return Mask(allowed, f"prefix_lm({n})", tiles, rows=rows)
 
 
 def dilated(window: int, dilation: int) -> Mask:
