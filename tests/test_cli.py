@@ -315,3 +315,50 @@ def test_bad_input_is_one_line_and_exit_1(runner, args, words, tmp_path, monkeyp
     _one_line(result, 1)
     assert words in result.stderr
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def _files(d):
+    """Hostile or broken input files (each small on disk)."""
+    import io
+    import zipfile
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f8", "fortran_order": False, "shape": (10**6, 10**6)})
+    (d / "huge.npy").write_bytes(header.getvalue() + b"\0" * 16)
+    with zipfile.ZipFile(d / "huge.npz", "w") as z:
+        z.writestr("q.npy", header.getvalue() + b"\0" * 16)
+    (d / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (d / "field.csv").write_text('"' + "1" * 200_000 + '"\n')
+    np.save(d / "vec.npy", np.ones(4))
+    np.save(d / "empty.npy", np.ones((0, 4)))
+    np.save(d / "ok.npy", np.ones((5, 4)))
+    np.save(d / "long.npy", np.zeros((20_000, 2)))
+
+
+FILE_CASES = [
+    (["explain", "--q", "huge.npy", "--k", "huge.npy", "--v", "huge.npy"], "header claims shape (1000000, 1000000)"),
+    (["explain", "--q", "huge.npz", "--k", "huge.npz", "--v", "huge.npz"], "header claims shape (1000000, 1000000)"),
+    (["explain", "--q", "deep.json", "--k", "deep.json", "--v", "deep.json"], "nested too deeply"),
+    (["explain", "--q", "field.csv", "--k", "field.csv", "--v", "field.csv"], "field larger than field limit"),
+    (["heatmap", "--q", "vec.npy", "--k", "vec.npy", "--v", "vec.npy"], "q has 1 axes but needs at least 2"),
+    (["heatmap", "--q", "empty.npy", "--k", "ok.npy", "--v", "ok.npy"], "no cells to draw (Nq=0"),
+    (["explain", "--q", "long.npy", "--k", "long.npy", "--v", "long.npy"], "would hold ~17.9 GiB"),
+]
+
+
+@pytest.mark.parametrize("args,words", FILE_CASES, ids=[w for _, w in FILE_CASES])
+def test_hostile_files_are_one_line_errors_and_write_nothing(runner, args, words, tmp_path, monkeypatch):
+    _files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    before = sorted(tmp_path.iterdir())
+    result = run(runner, *args)
+    _one_line(result, 1)
+    assert words in result.stderr, result.stderr
+    assert sorted(tmp_path.iterdir()) == before  # no output file, not even a partial one
+
+
+def test_huge_complexity_lengths_are_answered_at_once(runner):
+    result = run(runner, "complexity", "--n", "2147483647", "--impl", "flash", "--mask", "causal", "--json")
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)["rows"]
+    assert row["n_q"] == 2**31 - 1 and 0.49 < row["kept_fraction"] < 0.51

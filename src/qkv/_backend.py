@@ -32,6 +32,11 @@ def is_jax(x: Any) -> bool:
     return bool(array_api_compat.is_jax_array(x))
 
 
+def is_traced(x: Any) -> bool:
+    """True for a JAX tracer (inside ``jax.grad`` / ``jax.jit``): it has no concrete values to look at."""
+    return is_jax(x) and type(x).__name__.endswith("Tracer")
+
+
 def kind(x: Any) -> str:
     """``"torch"``, ``"jax"`` or ``"numpy"``: the array library of ``x``."""
     if isinstance(x, np.ndarray):
@@ -63,7 +68,23 @@ def namespace(**arrays: Array) -> Any:
         raise DTypeError(
             f"arrays of mixed kinds ({listed}); pass arrays of one library (all NumPy, all torch or all JAX)"
         )
+    if "torch" in kinds.values():
+        _same_device(**{n: a for n, a in arrays.items() if a is not None})
     return array_api_compat.array_namespace(*(a for a in arrays.values() if a is not None))
+
+
+def _same_device(**tensors: Any) -> None:
+    """torch tensors must share one device and hold data (a ``meta`` tensor has none)."""
+    devices = {name: str(t.device) for name, t in tensors.items()}
+    meta = [name for name, d in devices.items() if d == "meta"]
+    if meta:
+        raise DTypeError(
+            f"{', '.join(meta)} {'is a meta tensor' if len(meta) == 1 else 'are meta tensors'} "
+            "(shapes without data); pass tensors that hold values"
+        )
+    if len(set(devices.values())) > 1:
+        listed = ", ".join(f"{n} on {d}" for n, d in devices.items())
+        raise DTypeError(f"tensors on different devices ({listed}); move them to one device")
 
 
 def dtype_name(x: Array) -> str:

@@ -7,13 +7,16 @@ computes ``Result(out, weights, lse)``; only the last line picks the tuple API.m
 
 from typing import Any, Literal, overload
 
-from ._backend import as_array, compute_dtype, device, namespace
+import numpy as np
+
+from ._backend import as_array, compute_dtype, device, is_traced, namespace
+from ._finite import check_overflow
 from ._impls import Call, Dispatch, build_call
 from ._impls import dispatch as _dispatch
 from ._impls._autograd import with_autograd
 from ._softmax import empty_result
 from ._typing import Array, Result
-from .errors import ShapeError
+from .errors import ArgumentError, ShapeError
 from .scores import ScoreMod
 
 
@@ -46,7 +49,12 @@ def run(c: Call, impl: str = "auto") -> Result:
     build their own ``Call`` (e.g. with forced flash ``tiles``) run it here.
     """
     chosen, _ = _dispatch(impl, c)
-    return _empty(c) if c.dims.nq * c.dims.nk == 0 else chosen.forward(c)
+    if c.dims.nq * c.dims.nk == 0:
+        return _empty(c)
+    with np.errstate(all="ignore"):  # overflow is reported below, as an error, never as a warning
+        res = chosen.forward(c)
+    check_overflow(namespace(q=c.q), res.out, c.q, c.k, c.v, c.bias, scale=c.scale)
+    return res
 
 
 def dispatch(q: Array, k: Array, v: Array, *, impl: str = "auto", **attention_kwargs: Any) -> Dispatch:
@@ -199,4 +207,13 @@ def run_backward(c: Call, dout: Any, out: Any, lse: Any, impl: str = "auto") -> 
     chosen, _ = _dispatch(impl, c)
     if c.dims.nq * c.dims.nk == 0:  # nothing attended: every gradient is zero
         return _zero_gradients(dout, c, out, lse)
-    return tuple(chosen.backward(dout, c, out, lse))
+    xp = namespace(q=c.q)
+    if not is_traced(lse) and bool(xp.any(xp.isnan(lse))):
+        raise ArgumentError(
+            "lse holds NaN: the forward pass gave NaN (NaN or inf in its inputs), which has no gradient; "
+            "attention_backward needs the out and lse of a finite forward pass"
+        )
+    with np.errstate(all="ignore"):
+        grads = tuple(chosen.backward(dout, c, out, lse))
+    check_overflow(xp, grads[0], c.q, c.k, c.v, c.bias, dout, out, scale=c.scale)
+    return grads

@@ -19,6 +19,11 @@ import numpy as np
 from .errors import ArgumentError
 
 EXTENSIONS = (".npy", ".npz", ".json", ".csv")
+MAX_BYTES = 2**31
+"""Largest array qkv reads from a file (2 GiB): a header claiming more is refused before any
+memory is allocated, so a 100-byte file cannot ask for terabytes."""
+MAX_DEPTH = 32
+"""Deepest nesting of a JSON array (NumPy arrays have at most 64 axes; attention uses 2 to 5)."""
 _KEYED = (".npz", ".json")
 _NONFINITE = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "nan": math.nan}  # Trace.to_dict's strings
 
@@ -36,7 +41,7 @@ def read_array(path: str | os.PathLike[str]) -> np.ndarray:
     if key is not None and ext not in _KEYED:
         raise ArgumentError(f"{file}: a key (:{key}) only selects an array in a .npz or .json file")
     if ext == ".npy":
-        return _load(file, lambda: np.load(file, allow_pickle=False), "a .npy file")
+        return _load(file, lambda: _npy(file), "a .npy file")
     if ext == ".npz":
         return _from_npz(file, key)
     if ext == ".json":
@@ -90,10 +95,36 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
+def _npy(file: Path) -> np.ndarray:
+    """``np.load`` after checking that the header's shape fits the bytes the file holds."""
+    with open(file, "rb") as f:
+        _claimed(f, file.stat().st_size, str(file))
+    return np.load(file, allow_pickle=False)
+
+
+def _claimed(f: Any, available: int, what: str) -> None:
+    """Read a ``.npy`` header from ``f`` and refuse a shape larger than ``available`` bytes or ``MAX_BYTES``."""
+    fmt = np.lib.format
+    version = fmt.read_magic(f)
+    read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+    shape, _, dtype = read_header(f)
+    need = math.prod(shape) * dtype.itemsize
+    payload = available - f.tell()
+    if need > payload or need > MAX_BYTES:
+        limit = f"the file holds {payload} bytes" if need > payload else f"qkv reads at most {MAX_BYTES} bytes"
+        raise ArgumentError(f"{what}: its header claims shape {shape} of {dtype} ({need} bytes), but {limit}")
+
+
 def _from_npz(file: Path, key: str | None) -> np.ndarray:
     def load() -> np.ndarray:
+        with zipfile.ZipFile(file) as zf:
+            names = [n.removesuffix(".npy") for n in zf.namelist()]
+            name = _choose(file, names, key)
+            info = zf.getinfo(name + ".npy")
+            with zf.open(info) as member:
+                _claimed(member, info.file_size, f"{file}:{name}")
         with np.load(file, allow_pickle=False) as z:
-            return np.asarray(z[_choose(file, list(z.files), key)])
+            return np.asarray(z[name])
 
     return np.asarray(_load(file, load, "a .npz archive of arrays"))
 
@@ -116,6 +147,8 @@ def _read_json(file: Path) -> Any:
     except json.JSONDecodeError as e:
         where = f"line {e.lineno}, column {e.colno}"
         raise ArgumentError(f"{file}: not valid JSON ({e.msg} at {where})") from None
+    except RecursionError:
+        raise ArgumentError(f"{file}: nested too deeply to be an array (at most {MAX_DEPTH} levels)") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ArgumentError(f"{file}: cannot be read as JSON text ({_one_line(e)})") from None
 
@@ -134,9 +167,11 @@ def _numbers(data: Any, file: Path) -> np.ndarray:
     return np.array(_finite(data), dtype=np.float64)
 
 
-def _shape(x: Any, file: Path, at: str) -> tuple[int, ...]:
+def _shape(x: Any, file: Path, at: str, depth: int = 0) -> tuple[int, ...]:
+    if depth > MAX_DEPTH:
+        raise ArgumentError(f"{file}: nested too deeply to be an array (at most {MAX_DEPTH} levels)")
     if isinstance(x, list):
-        shapes = [_shape(e, file, f"{at}[{n}]") for n, e in enumerate(x)]
+        shapes = [_shape(e, file, f"{at}[{n}]", depth + 1) for n, e in enumerate(x)]
         for n, s in enumerate(shapes):
             if s != shapes[0]:
                 raise ArgumentError(f"{file}: ragged: {at}[{n}] has shape {s} but {at}[0] has shape {shapes[0]}")
@@ -156,9 +191,14 @@ def _finite(x: Any) -> Any:
 def _read_csv(file: Path) -> np.ndarray:
     """Comma-separated numbers, one matrix row per line; a first row that is not numeric is a header."""
     text = _load(file, lambda: file.read_text(encoding="utf-8"), "a UTF-8 text file")
-    rows = [
-        (n, [c.strip() for c in r]) for n, r in enumerate(csv.reader(io.StringIO(text)), 1) if any(c.strip() for c in r)
-    ]
+    try:
+        rows = [
+            (n, [c.strip() for c in r])
+            for n, r in enumerate(csv.reader(io.StringIO(text)), 1)
+            if any(c.strip() for c in r)
+        ]
+    except csv.Error as e:  # e.g. a field over the csv module's 128 KiB limit
+        raise ArgumentError(f"{file}: not a .csv file of numbers ({_one_line(e)})") from None
     if rows and not all(_is_number(c) for c in rows[0][1]):
         rows = rows[1:]  # a header row
     if not rows:

@@ -20,7 +20,8 @@ across devices (Liu et al., arXiv:2310.01889), split-KV decoding across cache ch
 from collections.abc import Sequence
 from typing import Any
 
-from ._backend import as_array, compute_dtype, dtype_name, is_floating, namespace
+from ._backend import as_array, compute_dtype, dtype_name, is_bool, is_floating, namespace
+from ._checks import check_int
 from ._typing import Array, Result
 from .errors import ArgumentError, DTypeError, ShapeError
 
@@ -35,11 +36,12 @@ def finalise(xp: Any, acc: Array, l: Array, m: Array) -> tuple[Array, Array]:
 
     ``acc (..., N, D)`` is the sum of ``exp(s - m) · value`` (the weights themselves for
     softmax), ``l (..., N, 1)`` the sum of ``exp(s - m)``, ``m (..., N, 1)`` the shift used
-    (not yet made safe). ``lse`` keeps the trailing axis of ``l``.
+    (not yet made safe). ``lse`` keeps the trailing axis of ``l``. A NaN reaching ``l`` (a NaN
+    score that was attended) stays NaN in both: ``-inf`` means "nothing to attend" and nothing else.
     """
-    nonempty = l > 0
-    safe_l = xp.where(nonempty, l, xp.ones_like(l))
-    lse = xp.where(nonempty, xp.log(safe_l) + safe_max(xp, m), xp.full_like(l, -float("inf")))
+    empty = l == 0
+    safe_l = xp.where(empty, xp.ones_like(l), l)
+    lse = xp.where(empty, xp.full_like(l, -float("inf")), xp.log(safe_l) + safe_max(xp, m))
     return acc / safe_l, lse
 
 
@@ -63,29 +65,51 @@ def softmax_lse(xp: Any, x: Array, axis: int = -1) -> tuple[Array, Array]:
     return a, xp.squeeze(lse, axis=axis)
 
 
+def _numbers(x: Any, axis: Any) -> tuple[Any, Array, int]:
+    """``(xp, x in its compute dtype, axis)``: integers are computed in float64 (NumPy's float, as
+    ``scipy.special.softmax`` does), half precision in float32; bools and other kinds refused."""
+    x = as_array(x, "x")
+    xp = namespace(x=x)
+    if is_bool(x) or not (is_floating(x) or _is_integer(x)):
+        raise DTypeError(f"x has dtype {dtype_name(x)}; softmax and logsumexp need numbers (floats or integers)")
+    if x.ndim == 0:
+        raise ShapeError("x is a scalar (0-d); softmax and logsumexp need at least one axis")
+    try:
+        check_int(axis, "axis", minimum=-x.ndim, maximum=x.ndim - 1, error=ShapeError)
+    except ShapeError:
+        raise ShapeError(
+            f"axis={axis!r} is not an axis of x of shape {tuple(x.shape)}: give an integer in {-x.ndim}..{x.ndim - 1}"
+        ) from None
+    ct = xp.float64 if _is_integer(x) else compute_dtype(xp, x)
+    return xp, xp.astype(x, ct), int(axis)
+
+
+def _is_integer(x: Array) -> bool:
+    return dtype_name(x).startswith(("int", "uint"))
+
+
 def softmax(x: Array, axis: int = -1) -> Array:
     """Stable softmax along ``axis``; a row that is all ``-inf`` gives zeros (never NaN).
 
-    Half-precision input is computed in float32 and returned in its own dtype.
+    Half-precision input is computed in float32 and returned in its own dtype; integer input
+    is computed and returned in float64.
 
     >>> softmax(np.array([0.0, np.log(3.0)]))
     array([0.25, 0.75])
     """
     x = as_array(x, "x")
-    xp = namespace(x=x)
-    a, _ = softmax_lse(xp, xp.astype(x, compute_dtype(xp, x)), axis)
-    return xp.astype(a, x.dtype)
+    xp, xc, axis = _numbers(x, axis)
+    a, _ = softmax_lse(xp, xc, axis)
+    return a if _is_integer(x) or a.dtype == x.dtype else xp.astype(a, x.dtype)
 
 
 def logsumexp(x: Array, axis: int = -1) -> Array:
     """Stable ``log(sum(exp(x)))`` along ``axis`` (removed); a row that is all ``-inf`` gives ``-inf``.
 
-    Half-precision input is computed and returned in float32.
+    Half-precision input is computed and returned in float32, integer input in float64.
     """
-    x = as_array(x, "x")
-    xp = namespace(x=x)
-    _, lse = softmax_lse(xp, xp.astype(x, compute_dtype(xp, x)), axis)
-    return lse
+    xp, xc, axis = _numbers(x, axis)
+    return softmax_lse(xp, xc, axis)[1]
 
 
 def _check(outs: Sequence[Any], lses: Sequence[Any]) -> tuple[list[Array], list[Array]]:

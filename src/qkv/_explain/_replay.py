@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .._backend import HALF, as_array, dtype_name, is_torch, namespace, to_numpy, unbroadcast
+from .._finite import check_overflow
 from .._impls import Call, build_call, dispatch
 from .._impls import reference as ref
 from ..diagnostics import entropy
@@ -73,9 +74,11 @@ def explain(
             "supported (explain with dropout=0)"
         )
     n = _numpy_call(c)
-    steps, mod_grad = _forward(n, default_scale=scale is None)
-    if grad or dout is not None:
-        steps += _backward(n, _dout(dout, c, n), steps, mod_grad)
+    with np.errstate(all="ignore"):  # overflow is an error below, never a warning
+        steps, mod_grad = _forward(n, default_scale=scale is None)
+        check_overflow(np, next(s.value for s in steps if s.name == "O"), n.q, n.k, n.v, n.bias, scale=n.scale)
+        if grad or dout is not None:
+            steps += _backward(n, _dout(dout, c, n), steps, mod_grad)
     inputs = {"q": c.q.shape, "k": c.k.shape, "v": c.v.shape}
     if c.bias is not None:
         inputs["bias"] = c.bias.shape

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .. import masks
-from .._backend import HALF, dtype_name, is_jax
+from .._backend import HALF, dtype_name, is_jax, is_traced
 from .._checks import check_impl
 from .._typing import Result
 from ..errors import ArgumentError
@@ -89,10 +89,8 @@ def _kept_fraction(c: Call) -> float:
 
 
 def _traced(c: Call) -> bool:
-    import jax  # only reached with JAX arrays in hand
-
     arrays = (c.q, c.k, c.v, c.bias, *(c.score_mod.tensors if c.score_mod is not None else ()))
-    return any(isinstance(x, jax.core.Tracer) for x in arrays)
+    return any(is_traced(x) for x in arrays)
 
 
 def _auto_jax(c: Call) -> tuple[str, str]:

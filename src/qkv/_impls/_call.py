@@ -45,6 +45,8 @@ def split_mask(mask: Any, causal: bool) -> tuple[Mask | None, Array | None]:
     if mask is None or isinstance(mask, Mask):
         m = mask
     elif hasattr(mask, "dtype") and hasattr(mask, "shape"):
+        if len(mask.shape) == 1:
+            mask = mask[None, :]  # a key-only mask (Nk,) is (1, Nk): every query row the same (API.md)
         if is_bool(mask):
             m = masks.from_dense(mask)
         elif is_floating(mask):

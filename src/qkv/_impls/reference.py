@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .._backend import compute_dtype, from_numpy, namespace, rand_uniform, unbroadcast
+from .._finite import bad_rows, hidden_to_inf, zeroed
 from .._heads import cast, group_q, ungroup
 from .._softmax import softmax_lse
 from .._typing import Array, Result
@@ -67,8 +68,7 @@ def masked(xp: Any, s: Array, mask: Mask | None) -> Array:
     """``where(mask, S, -inf)``: a hidden key scores ``-inf`` and so gets exactly zero weight."""
     if mask is None:
         return s
-    allowed = from_numpy(mask.dense(s.shape[-2], s.shape[-1]), s)
-    return xp.where(allowed, s, xp.asarray(-float("inf"), dtype=s.dtype))
+    return hidden_to_inf(xp, s, ~from_numpy(mask.dense(s.shape[-2], s.shape[-1]), s))
 
 
 def normalised(xp: Any, s: Array) -> tuple[Array, Array]:
@@ -86,8 +86,16 @@ def dropped(xp: Any, a: Array, c: Call) -> Array:
 
 
 def output(xp: Any, a: Array, v: Array, c: Call) -> Array:
-    """``O = A V``: each output row is the A-weighted average of the value rows."""
-    return ungroup(xp, group_q(xp, a, c.dims) @ v, c.dims)
+    """``O = A V``: each output row is the A-weighted average of the value rows.
+
+    A value row holding NaN or inf is read only by the rows that attend it (``qkv._finite``).
+    """
+    ag = group_q(xp, a, c.dims)
+    bad = bad_rows(xp, v)
+    if bad is None:
+        return ungroup(xp, ag @ v, c.dims)
+    reads = xp.any((ag > 0) & bad[..., None, :], axis=-1)  # rows that attend a non-finite value
+    return ungroup(xp, xp.where(reads[..., None], ag @ v, ag @ zeroed(xp, v, bad)), c.dims)
 
 
 def final_scores(xp: Any, c: Call, q: Array, k: Array) -> tuple[Array, Any]:
@@ -100,11 +108,12 @@ def final_scores(xp: Any, c: Call, q: Array, k: Array) -> tuple[Array, Any]:
 
 
 def recomputed(xp: Any, s: Array, lse: Array) -> Array:
-    """``A = exp(S − lse)`` from the saved ``lse (..., Nq)``; rows with ``lse = -inf`` give zeros."""
+    """``A = exp(S − lse)`` from the saved ``lse (..., Nq)``; rows with ``lse = -inf`` (nothing
+    to attend) give zeros; a NaN ``lse`` stays NaN."""
     lse = lse[..., None]
-    finite = xp.isfinite(lse)
-    a = xp.exp(s - xp.where(finite, lse, xp.zeros_like(lse)))  # empty rows: exp(-inf) = 0
-    return xp.where(finite, a, xp.zeros_like(a))
+    empty = lse == -float("inf")
+    a = xp.exp(s - xp.where(empty, xp.zeros_like(lse), lse))  # empty rows: exp(-inf - 0) = 0
+    return xp.where(empty, xp.zeros_like(a), a)
 
 
 def grad_values(xp: Any, a: Array, do: Array, c: Call) -> Array:
@@ -113,8 +122,9 @@ def grad_values(xp: Any, a: Array, do: Array, c: Call) -> Array:
 
 
 def grad_weights(xp: Any, do: Array, v: Array, c: Call) -> Array:
-    """``dA = dO Vᵀ``."""
-    return ungroup(xp, group_q(xp, do, c.dims) @ v.mT, c.dims)
+    """``dA = dO Vᵀ`` (a non-finite value row counts as 0: its weight is 0 wherever it is hidden,
+    and a row attending it has a NaN output, so a NaN ``D``, already)."""
+    return ungroup(xp, group_q(xp, do, c.dims) @ zeroed(xp, v, bad_rows(xp, v)).mT, c.dims)
 
 
 def rowsum(xp: Any, do: Array, o: Array) -> Array:
@@ -133,8 +143,9 @@ def through_mod(ds: Array, grad: Any) -> Array:
 
 
 def grad_queries(xp: Any, ds: Array, k: Array, c: Call) -> Array:
-    """``dQ = dS K · scale``."""
-    return ungroup(xp, group_q(xp, ds, c.dims) @ k, c.dims) * c.scale
+    """``dQ = dS K · scale`` (a non-finite key row counts as 0: ``dS`` is 0 where it is hidden
+    and NaN where it was attended)."""
+    return ungroup(xp, group_q(xp, ds, c.dims) @ zeroed(xp, k, bad_rows(xp, k)), c.dims) * c.scale
 
 
 def grad_keys(xp: Any, ds: Array, q: Array, c: Call) -> Array:

@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import masks
 from .._backend import compute_dtype, from_numpy, is_torch, namespace
+from .._finite import bad_rows
 from .._typing import Array, Result
 from ._call import Call
 
@@ -30,6 +31,10 @@ def supports(c: Call) -> str | None:
         return "torch SDPA draws dropout from torch's global generator and cannot take an rng"
     if c.score_mod is not None and c.score_mod.bias is None:
         return f"score_mod {c.score_mod.name} is not an additive bias, which SDPA cannot apply"
+    if c.mask is not None or c.bias is not None:
+        xp = namespace(q=c.q)
+        if bad_rows(xp, c.k) is not None or bad_rows(xp, c.v) is not None:
+            return "k or v holds NaN or inf, which SDPA reads even where the mask hides it"
     return None
 
 

@@ -1,14 +1,34 @@
 """``qkv explain``: attention replayed step by step, as text, JSON or HTML."""
 
 import json
+import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import numpy as np
 import typer
 from rich.console import Console
 
+from .._checks import check_qkv
 from .._explain import explain
+from ..errors import ArgumentError
 from ._common import Inputs, KFile, MaskSpec, QFile, VFile, mask_of, read_inputs
+
+MAX_TRACE_BYTES = 2**31
+"""Largest trace ``qkv explain`` builds from files: every step is kept whole, ~6 score matrices
+(~10 with ``--grad``) of ``B·H·Nq·Nk`` float64 numbers."""
+
+
+def _check_trace_size(arrays: tuple[Any, Any, Any], grad: bool) -> None:
+    q, k, _ = arrays
+    lead = math.prod(np.broadcast_shapes(q.shape[:-2], k.shape[:-2]))
+    need = (10 if grad else 6) * lead * q.shape[-2] * k.shape[-2] * 8
+    if need > MAX_TRACE_BYTES:
+        raise ArgumentError(
+            f"the trace of these inputs would hold ~{need / 2**30:.1f} GiB (every step of {lead} score matrices "
+            f"{q.shape[-2]}x{k.shape[-2]}, kept whole); qkv explain builds at most {MAX_TRACE_BYTES / 2**30:.0f} GiB: "
+            "explain a slice of the sequence, or use qkv.attention"
+        )
 
 
 def explain_command(
@@ -29,6 +49,9 @@ def explain_command(
     The JSON's options say which impl qkv.attention would run for the same call, and why.
     """
     arrays = read_inputs(q, k, v, inputs)
+    if arrays[0] is not None:
+        check_qkv(*arrays)
+        _check_trace_size(arrays, grad)
     m = None
     if mask is not None:
         nq, nk = (arrays[0].shape[-2], arrays[1].shape[-2]) if arrays[0] is not None else (2, 3)

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
+from .._checks import check_qkv
 from ..errors import ArgumentError
 from ._common import (
     Dpi,
@@ -76,7 +77,7 @@ def heatmap_command(
     n: Annotated[int | None, typer.Option("--n", min=1, help="random q, k, v with N tokens (default 8)")] = None,
     d: Annotated[int | None, typer.Option("--d", min=1, help="random q, k, v: head dimension (default 8)")] = None,
     heads: Annotated[int | None, typer.Option("--heads", min=1, help="random q, k, v: heads (default 1)")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="seed of the random q, k, v")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="seed of the random q, k, v")] = 0,
     mask: MaskSpec = None,
     causal: Annotated[bool, typer.Option("--causal", help="mask future keys (bottom-right aligned)")] = False,
     scale: Annotated[float | None, typer.Option("--scale", help="score scale; default 1/sqrt(Dk)")] = None,
@@ -104,6 +105,8 @@ def heatmap_command(
     width, height = picture_size(size)
     path, form = output_path(out, fmt, "heatmap")
     arrays = read_inputs(q, k, v, inputs)
+    if arrays[0] is not None:
+        check_qkv(*arrays)  # shapes first: the sizes below are read from them
     random = n is not None or d is not None or heads is not None
     if arrays[0] is not None and random:
         raise ArgumentError("--n/--d/--heads draw random q, k, v: give them or input files, not both")

@@ -53,7 +53,7 @@ def train_command(
         ),
     ] = None,
     pos: Annotated[str, typer.Option("--pos", help="positions: learned, sinusoidal, rope, alibi")] = "learned",
-    seed: Annotated[int, typer.Option("--seed", help="seed for the data and the initialisation")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="seed for the data and the initialisation")] = 0,
     record_every: Annotated[
         int | None,
         typer.Option("--record-every", min=1, metavar="K", help="record the probe's attention maps every K steps"),

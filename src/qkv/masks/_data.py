@@ -198,12 +198,31 @@ def from_dense(bool_array: Any) -> Mask:
 def from_fn(fn: Callable[[np.ndarray, np.ndarray], Any], name: str | None = None) -> Mask:
     """A mask from ``fn(i, j) -> bool array``, called on int grids ``i (rows, 1)``, ``j (1, cols)``.
 
-    ``i`` and ``j`` are absolute row and column indices (tiles pass sub-ranges).
+    ``i`` and ``j`` are absolute row and column indices (tiles pass sub-ranges). ``fn`` must
+    return booleans (True = may attend) that broadcast to ``(rows, cols)``; anything else is a
+    ``MaskError`` naming what it returned.
 
     >>> even = from_fn(lambda i, j: (i + j) % 2 == 0)
     """
+    label = name or f"from_fn({getattr(fn, '__name__', 'fn')})"
 
     def allowed(i, j, nq, nk):
-        return np.asarray(fn(i, j), dtype=bool)
+        a = np.asarray(to_numpy(r) if hasattr(r := fn(i, j), "shape") else r)
+        if a.dtype != np.bool_:
+            raise MaskError(
+                f"{label} returned dtype {a.dtype}; a mask function returns booleans (True = may attend), "
+                "e.g. lambda i, j: j <= i"
+            )
+        want = (i.shape[0], j.shape[-1])
+        try:
+            fits = np.broadcast_shapes(a.shape, want)[-2:] == want
+        except ValueError:
+            fits = False
+        if not fits:
+            raise MaskError(
+                f"{label} returned shape {a.shape}, which does not broadcast to the (rows, cols) = {want} "
+                f"of the index grids it was called on (i: {i.shape}, j: {j.shape})"
+            )
+        return a
 
-    return Mask(allowed, name or f"from_fn({getattr(fn, '__name__', 'fn')})")
+    return Mask(allowed, label)

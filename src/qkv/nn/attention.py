@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from .._backend import is_torch
 from .._checks import check_heads, check_impl
 from .._core import attention
-from ..errors import ArgumentError, ShapeError
+from ..errors import ArgumentError, DTypeError, ShapeError
 from ..positional import rope
 from ..scores import alibi
 from .cache import KVCache
@@ -40,12 +40,17 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(b, n, h * d)
 
 
-def check_features(x: Any, name: str, d: int) -> None:
-    """``x`` must be a ``(B, N, d)`` tensor."""
+def check_features(x: Any, name: str, d: int, dtype: Any = None) -> None:
+    """``x`` must be a ``(B, N, d)`` tensor (of the module's parameter ``dtype``, when given)."""
     if not is_torch(x):
         raise ArgumentError(f"{name} must be a torch.Tensor of shape (B, N, {d}), got {type(x).__name__}")
     if x.ndim != 3 or x.shape[-1] != d:
         raise ShapeError(f"{name} must have shape (B, N, {d}) with {d} features on its last axis, got {tuple(x.shape)}")
+    if dtype is not None and x.dtype != dtype:
+        raise DTypeError(
+            f"{name} has dtype {x.dtype} but the module's parameters are {dtype}; "
+            f"cast one to the other (x.to({dtype}) or module.to({x.dtype}))"
+        )
 
 
 class MultiHeadAttention(nn.Module):
@@ -91,7 +96,7 @@ class MultiHeadAttention(nn.Module):
 
     def kv(self, source: Tensor) -> tuple[Tensor, Tensor]:
         """Project ``source (B, Nk, d)`` to ``k, v (B, Hkv, Nk, Dk)``."""
-        check_features(source, "context", self.k_proj.in_features)
+        check_features(source, "context", self.k_proj.in_features, self.k_proj.weight.dtype)
         return split_heads(self.k_proj(source), self.hkv), split_heads(self.v_proj(source), self.hkv)
 
     def forward(
@@ -111,7 +116,7 @@ class MultiHeadAttention(nn.Module):
         ``(B, 1, Nq, Nk)`` or ``(B, 1, 1, Nk)``. With ``cache``, keys and values of earlier
         calls are prepended (``Nk = L + Nq``) and ``causal=True`` is bottom-right.
         """
-        check_features(x, "x", self.d_model)
+        check_features(x, "x", self.d_model, self.q_proj.weight.dtype)
         q = split_heads(self.q_proj(x), self.h)
         if context is None:
             k, v = self.kv(x)

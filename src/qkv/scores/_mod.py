@@ -86,11 +86,6 @@ def is_array(x: Any) -> bool:
     return is_torch(x) or is_jax(x)
 
 
-def is_traced(x: Any) -> bool:
-    """A JAX tracer (inside ``jax.grad`` / ``jit``): it has no concrete values to show."""
-    return is_jax(x) and type(x).__name__.endswith("Tracer")
-
-
 def heads(s: Array) -> int:
     return s.shape[-3] if s.ndim >= 3 else 1
 

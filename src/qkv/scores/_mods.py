@@ -5,9 +5,10 @@ from typing import Any
 
 import numpy as np
 
-from .._backend import from_numpy, is_torch, to_numpy
+from .._backend import from_numpy, is_torch, is_traced, to_numpy
+from .._checks import check_int
 from ..errors import ArgumentError, ShapeError
-from ._mod import ScoreMod, additive_mod, heads, is_array, is_traced, per_head
+from ._mod import ScoreMod, additive_mod, heads, is_array, per_head
 
 
 def alibi(slopes: Any = None, n_heads: int | None = None) -> ScoreMod:
@@ -19,8 +20,14 @@ def alibi(slopes: Any = None, n_heads: int | None = None) -> ScoreMod:
     """
     from ..positional import alibi_slopes
 
-    if slopes is not None and n_heads is not None and len(slopes) != n_heads:
-        raise ShapeError(f"alibi got {len(slopes)} slopes but n_heads={n_heads}")
+    if n_heads is not None:
+        n_heads = check_int(n_heads, "alibi n_heads", minimum=1)
+    if slopes is not None:
+        shape = tuple(slopes.shape) if hasattr(slopes, "shape") else np.shape(slopes)
+        if len(shape) != 1 or shape[0] == 0:
+            raise ShapeError(f"alibi slopes must be a vector (H,) with one slope per head, got shape {shape}")
+        if n_heads is not None and shape[0] != n_heads:
+            raise ShapeError(f"alibi got {shape[0]} slopes but n_heads={n_heads}")
 
     def bias(xp, s, i, j, nq, nk):
         h = heads(s)

@@ -1,0 +1,62 @@
+"""Non-finite numbers: hidden positions never read, overflow never silent.
+
+Two rules every implementation keeps (``docs/api`` of ``qkv.attention``):
+
+- **A hidden key changes nothing.** A key the mask hides gets weight exactly 0, and its key
+  and value rows are never read: an uninitialised KV-cache slot or a padded row may hold NaN or
+  inf (``0 · NaN`` is NaN, so products are taken with those rows zeroed, and the rows that do
+  attend a non-finite value get the plain product, NaN and all).
+- **Finite inputs give a finite result or an error.** Scores that overflow the dtype
+  (``|q · k · scale|`` beyond float32's 3.4e38) would make ``inf − inf = NaN`` of every row: qkv
+  raises ``ArgumentError`` naming the overflow instead of returning NaN (and NumPy never warns).
+  NaN or inf given as input propagates to the rows that attend it, and only to those.
+"""
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ._backend import dtype_name, is_traced, to_numpy
+from ._typing import Array
+from .errors import ArgumentError
+
+
+def bad_rows(xp: Any, x: Array) -> Array | None:
+    """``(..., N)`` True where a row of ``x (..., N, D)`` holds NaN or inf; None when every row is
+    finite (or when ``x`` is a JAX tracer, whose values cannot be looked at: then non-finite
+    rows propagate as IEEE arithmetic has them)."""
+    if is_traced(x):
+        return None
+    bad = ~xp.all(xp.isfinite(x), axis=-1)
+    return bad if bool(xp.any(bad)) else None
+
+
+def zeroed(xp: Any, x: Array, bad: Array | None) -> Array:
+    """``x`` with the rows ``bad`` marks set to 0 (``x`` itself when there are none)."""
+    return x if bad is None else xp.where(bad[..., None], xp.zeros_like(x), x)
+
+
+def hidden_to_inf(xp: Any, s: Array, hidden: Array) -> Array:
+    """``where(hidden, -inf, s)``: unlike adding ``-inf``, a NaN score of a hidden key is dropped too."""
+    return xp.where(hidden, xp.asarray(-float("inf"), dtype=s.dtype), s)
+
+
+def check_overflow(xp: Any, out: Array, *arrays: Any, scale: float) -> None:
+    """Raise ``ArgumentError`` if ``out`` holds NaN although every input in ``arrays`` is finite
+    (the scores overflowed); NaN from NaN inputs is left as it is."""
+    if is_traced(out) or not bool(xp.any(xp.isnan(out))):
+        return
+    given = [x for x in arrays if x is not None]
+    if not all(bool(xp.all(xp.isfinite(x))) for x in given):
+        return  # a NaN or inf in the inputs, propagated to the rows that attend it
+    q, k = given[0], given[1]
+    big = [float(np.max(np.abs(to_numpy(x)))) if math.prod(x.shape) else 0.0 for x in (q, k)]
+    bound = big[0] * big[1] * q.shape[-1] * abs(scale)
+    limit = float(np.finfo(np.float64 if dtype_name(q) == "float64" else np.float32).max)
+    raise ArgumentError(
+        f"the scores q·kᵀ·scale overflow {dtype_name(q) if dtype_name(q) == 'float64' else 'float32'} "
+        f"(max |q| = {big[0]:.3g}, max |k| = {big[1]:.3g}, Dk = {q.shape[-1]}, scale = {scale:.3g}: up to "
+        f"{bound:.3g} > {limit:.3g}), which would make every weight NaN; scale q and k down"
+        + (", or compute in float64" if dtype_name(q) != "float64" else "")
+    )
