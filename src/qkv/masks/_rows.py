@@ -7,7 +7,7 @@ intersection). Two evaluations per row of tiles give the kept and the FULL key t
 cost model over a sequence of 10⁷ tokens needs a few MB, not the tile grid.
 """
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -35,7 +35,7 @@ def row_tiles(mask: Mask, nq: int, nk: int, block_q: int, block_k: int) -> RowTi
     lo0, hi0 = (np.asarray(x, dtype=np.int64) for x in mask.rows(q0, nq, nk))
     lo1, hi1 = (np.asarray(x, dtype=np.int64) for x in mask.rows(q_last, nq, nk))
 
-    def over_batch(x: np.ndarray, reduce) -> np.ndarray:  # type: ignore[no-untyped-def]
+    def over_batch(x: np.ndarray, reduce: Any) -> np.ndarray:
         x = np.broadcast_to(x, np.broadcast_shapes(x.shape, q0.shape))
         return reduce(x.reshape(-1, q0.size), axis=0)
 
