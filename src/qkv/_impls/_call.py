@@ -110,6 +110,8 @@ def build_call(
     namespace(**arrays)  # mixed NumPy / torch -> DTypeError (a TypeError)
     dims = check_qkv(q, k, v)
     m, bias = split_mask(mask, causal)
+    if m is not None:
+        m = m.bound(dims.score_shape[:-2])  # a mask of (b, h, i, j) sees this call's batch and heads
     check_mask_covers(m, bias, dims.score_shape)
     if m is not None and m.tiles is not None and (m.blocks(dims.nq, dims.nk, dims.nq, dims.nk) == masks.FULL).all():
         m = None  # hides nothing here: no mask at all

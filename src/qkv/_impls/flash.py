@@ -41,6 +41,7 @@ from .._heads import cast, group_q, ungroup
 from .._softmax import finalise, safe_max
 from .._typing import Array, Result
 from ..masks._rows import full_pairs, kept_pairs, row_tiles, tile_counts
+from ..scores._mod import through
 from ._call import Call
 from .reference import recomputed
 
@@ -110,6 +111,10 @@ def _tile_work(c: Call, bq: int, bk: int) -> tuple[int, int, int]:
     return int(area[kept].sum()), int(area[classes == masks.FULL].sum()), int(kept.sum())
 
 
+def _autograd(c: Call) -> bool:
+    return any(getattr(x, "requires_grad", False) for x in (c.q, c.k, c.v))
+
+
 def supports(c: Call) -> str | None:
     if c.dropout > 0:
         return "the flash kernel has no dropout"
@@ -119,6 +124,11 @@ def supports(c: Call) -> str | None:
         return "the flash kernel gives no gradient to a float mask that requires grad"
     if c.score_mod is not None and any(getattr(t, "requires_grad", False) for t in c.score_mod.tensors):
         return "the flash kernel gives no gradient to a score mod's learnable tensors"
+    if c.score_mod is not None and c.score_mod.opaque and _autograd(c):
+        return (
+            f"score_mod {c.score_mod.name} is a plain function that may close over tensors needing "
+            "gradients, which only torch autograd through impl='reference' can follow"
+        )
     return None
 
 
@@ -306,8 +316,7 @@ def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = 
             rows = (..., slice(k0, k1), slice(None))
             dv = iadd_(dv, rows, group_q(xp, a, d).mT @ dog, inplace)
             ds = a * (ungroup(xp, dog @ vb.mT, d) - db)
-            if grad is not None:
-                ds = ds * grad
+            ds = through(ds, grad)
             dq_acc = dq_acc + ungroup(xp, group_q(xp, ds, d) @ kb, d)
             dk = iadd_(dk, rows, group_q(xp, ds, d).mT @ qb, inplace)
             del s, a, ds, grad  # free this tile's arrays before the next tile's

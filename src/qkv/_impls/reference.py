@@ -36,6 +36,7 @@ from .._softmax import softmax_lse
 from .._typing import Array, Result
 from ..masks import Mask
 from ..scores import ScoreMod
+from ..scores._mod import through
 from ._call import Call
 
 # --------------------------------------------------------------------------- forward steps
@@ -139,7 +140,7 @@ def grad_scores(a: Array, da: Array, big_d: Array) -> Array:
 
 def through_mod(ds: Array, grad: Any) -> Array:
     """``dS ∘ ds'/ds``: the chain rule through the score mod."""
-    return ds if grad is None else ds * grad
+    return through(ds, grad)
 
 
 def grad_queries(xp: Any, ds: Array, k: Array, c: Call) -> Array:

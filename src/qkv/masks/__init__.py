@@ -16,15 +16,16 @@ arrays of shape ``(B, 1, Nq, Nk)``: they follow the ``(B, H, Nq, Nk)`` layout.
     >>> bigbird = longformer | random_blocks(64, per_row=3, seed=0)
 
 Where things live: ``_mask`` (the ``Mask`` type, tile classes, ``&`` ``|`` ``~``, pictures),
-``_positions`` (masks of relative position), ``_data`` (masks carrying lengths, ids, arrays or
-functions), ``spec`` (the one ``"kind:key=value,..."`` grammar of the command line and the lab).
+``_positions`` (masks of relative position), ``_sequences`` (padded and packed sequences, each
+aligned to itself), ``_data`` (document ids, global positions, random blocks, arrays and
+functions), ``_rows`` (tile counts from per-row key intervals), ``spec`` (the one
+``"kind:key=value,..."`` grammar of the command line and the lab).
 """
 
 from ._data import document as document
 from ._data import from_dense as from_dense
 from ._data import from_fn as from_fn
 from ._data import global_tokens as global_tokens
-from ._data import padding as padding
 from ._data import random_blocks as random_blocks
 from ._mask import EMPTY as EMPTY
 from ._mask import FULL as FULL
@@ -35,6 +36,8 @@ from ._positions import causal as causal
 from ._positions import dilated as dilated
 from ._positions import prefix_lm as prefix_lm
 from ._positions import sliding_window as sliding_window
+from ._sequences import packed as packed
+from ._sequences import padding as padding
 
 __all__ = [
     "EMPTY",
@@ -47,6 +50,7 @@ __all__ = [
     "from_dense",
     "from_fn",
     "global_tokens",
+    "packed",
     "padding",
     "picture",
     "prefix_lm",

@@ -4,6 +4,7 @@ Masks whose data has a batch axis (``padding`` lengths ``(B,)``, ``document`` id
 give arrays of shape ``(B, 1, Nq, Nk)``: they follow the ``(B, H, Nq, Nk)`` layout.
 """
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -14,64 +15,29 @@ import numpy as np
 from .._backend import is_bool, to_numpy
 from .._checks import check_int
 from ..errors import MaskError
-from ._mask import EMPTY, FULL, PARTIAL, Mask, from_counts
-from ._positions import aligned, length
+from ._mask import EMPTY, FULL, PARTIAL, Mask, from_counts, unbound
+from ._positions import aligned, check_offset, length, shift
 
 
-def _lengths(x: Any, name: str) -> np.ndarray:
-    a = to_numpy(x) if not isinstance(x, (int, np.integer)) else np.asarray(x)
-    a = np.asarray(a)
-    if a.ndim > 1 or not np.issubdtype(a.dtype, np.integer) or (a < 0).any():
-        raise MaskError(f"{name} must be non-negative integers of shape (B,) or a single integer, got {a!r}")
-    return a.reshape(-1, 1, 1, 1) if a.ndim == 1 else a  # (B, 1, 1, 1): the (B, H, Nq, Nk) layout
-
-
-def padding(kv_lengths: Any, q_lengths: Any = None) -> Mask:
-    """Batch element ``b`` has ``kv_lengths[b]`` real keys (and ``q_lengths[b]`` real queries).
-
-    Keys at or past the length are padding; query rows past ``q_lengths[b]`` attend nothing
-    (their outputs are zeros). Lengths of shape ``(B,)`` give a ``(B, 1, Nq, Nk)`` mask.
-    """
-    kl = _lengths(kv_lengths, "kv_lengths")
-    ql = None if q_lengths is None else _lengths(q_lengths, "q_lengths")
-
-    def allowed(i, j, nq, nk):
-        ok = j < kl
-        return ok if ql is None else ok & (i < ql)
-
-    def tiles(q0, q1, k0, k1, nq, nk):
-        full, empty = k1 <= kl, k0 >= kl
-        if ql is not None:
-            full, empty = full & (q1 <= ql), empty | (q0 >= ql)
-        return np.where(empty, EMPTY, np.where(full, FULL, PARTIAL))
-
-    def rows(i, nq, nk):
-        k = np.minimum(kl, nk)
-        k = k[..., 0] if k.ndim else k  # (B, 1, 1): the (B, H, Nq) layout
-        if ql is None:
-            return np.zeros_like(k) + np.zeros_like(i), k + np.zeros_like(i)
-        real = i < (ql[..., 0] if ql.ndim else ql)
-        return np.where(real, 0, k), k + np.zeros_like(i)  # a padded query: the empty interval [k, k)
-
-    name = "padding" if ql is None else "padding(with q_lengths)"
-    return Mask(allowed, name, tiles, rows=rows)
-
-
-def document(doc_ids: Any) -> Mask:
+def document(doc_ids: Any, *, offset: int | None = None) -> Mask:
     """Tokens attend only within their own document (packed sequences); combine with ``causal()``.
 
-    ``doc_ids``: ints ``(Nk,)`` or ``(B, Nk)``; query ``i`` belongs to ``doc_ids[..., p]``.
-    Tile classes are exact for sorted (packed) ids and conservative otherwise.
+    ``doc_ids``: ints ``(Nk,)`` or ``(B, Nk)``; query ``i`` belongs to ``doc_ids[..., p]`` with
+    ``p = i + offset`` (None: ``Nk - Nq``, bottom-right; 0: top-left). Tile classes are exact
+    for sorted (packed) ids and conservative otherwise. For queries and keys packed with
+    different lengths, ``masks.packed``.
     """
-    ids = np.asarray(to_numpy(doc_ids))
+    offset = check_offset(offset, "document")
+    ids = np.array(to_numpy(doc_ids))  # a copy: the mask must not change if the caller's array does
     if ids.ndim not in (1, 2) or not np.issubdtype(ids.dtype, np.integer):
         raise MaskError(f"doc_ids must be integers of shape (Nk,) or (B, Nk), got shape {ids.shape} {ids.dtype}")
 
     def checked(nq: int, nk: int) -> np.ndarray:
-        if ids.shape[-1] != nk or nq > nk:
+        o = shift(offset, nq, nk)
+        if ids.shape[-1] != nk or o < 0 or nq + o > nk:
             raise MaskError(
-                f"doc_ids has {ids.shape[-1]} positions on its last axis but the keys have Nk={nk} "
-                f"(and Nq={nq} must not exceed it) (doc_ids: {ids.shape})"
+                f"doc_ids has {ids.shape[-1]} positions on its last axis but the keys have Nk={nk}, and the "
+                f"queries' positions i + offset for Nq={nq} (offset {o}) must lie within them (doc_ids: {ids.shape})"
             )
         return ids
 
@@ -80,11 +46,12 @@ def document(doc_ids: Any) -> Mask:
 
     def allowed(i, j, nq, nk):
         d = checked(nq, nk)
-        return lift(d[..., i + aligned(nq, nk)] == d[..., j])
+        return lift(d[..., i + shift(offset, nq, nk)] == d[..., j])
 
     def tiles(q0, q1, k0, k1, nq, nk):
         d = checked(nq, nk)
-        qd = d[..., aligned(nq, nk) :]  # the ids the Nq queries carry
+        o = shift(offset, nq, nk)
+        qd = d[..., o : o + nq]  # the ids the Nq queries carry
         qlo = np.minimum.reduceat(qd, q0[:, 0], axis=-1)[..., :, None]
         qhi = np.maximum.reduceat(qd, q0[:, 0], axis=-1)[..., :, None]
         klo = np.minimum.reduceat(d, k0[0], axis=-1)[..., None, :]
@@ -96,13 +63,14 @@ def document(doc_ids: Any) -> Mask:
     def rows(i, nq, nk):  # packed (sorted) ids: a document is one run of positions
         d = checked(nq, nk)
         flat = d.reshape(-1, d.shape[-1])
-        p = i + aligned(nq, nk)
+        p = i + shift(offset, nq, nk)
         lo = np.stack([np.searchsorted(row, row[p], "left") for row in flat])
         hi = np.stack([np.searchsorted(row, row[p], "right") for row in flat])
         return lift(lo.reshape(*d.shape[:-1], -1)), lift(hi.reshape(*d.shape[:-1], -1))
 
     packed = bool((np.diff(ids, axis=-1) >= 0).all())
-    return Mask(allowed, "document", tiles, (ids.shape[-1], ids.shape[-1]), rows if packed else None)
+    name = "document" if offset is None else f"document(offset={offset})"
+    return Mask(allowed, name, tiles, (ids.shape[-1], ids.shape[-1]), rows if packed else None)
 
 
 def global_tokens(indices: Sequence[int] | np.ndarray) -> Mask:
@@ -111,7 +79,7 @@ def global_tokens(indices: Sequence[int] | np.ndarray) -> Mask:
     Query ``i`` is global when its aligned position ``p`` is in ``indices``; key ``j`` when
     ``j`` is.
     """
-    idx = np.asarray(to_numpy(indices) if not isinstance(indices, (list, tuple)) else indices).reshape(-1)
+    idx = np.array(to_numpy(indices) if not isinstance(indices, (list, tuple)) else indices).reshape(-1)
     if idx.size == 0:
         idx = idx.astype(np.int64)  # np.asarray([]) is float64: no index array
     if idx.size and (not np.issubdtype(idx.dtype, np.integer) or (idx < 0).any()):
@@ -195,34 +163,77 @@ def from_dense(bool_array: Any) -> Mask:
     return Mask(allowed, f"from_dense{a.shape}", size=(a.shape[-2], a.shape[-1]))
 
 
-def from_fn(fn: Callable[[np.ndarray, np.ndarray], Any], name: str | None = None) -> Mask:
-    """A mask from ``fn(i, j) -> bool array``, called on int grids ``i (rows, 1)``, ``j (1, cols)``.
+def from_fn(fn: Callable[..., Any], name: str | None = None) -> Mask:
+    """A mask from a predicate over index arrays: ``fn(q_idx, kv_idx)`` or ``fn(b, h, q_idx, kv_idx)``
+    (FlexAttention's ``mask_mod`` order), returning booleans (True = may attend).
 
-    ``i`` and ``j`` are absolute row and column indices (tiles pass sub-ranges). ``fn`` must
-    return booleans (True = may attend) that broadcast to ``(rows, cols)``; anything else is a
-    ``MaskError`` naming what it returned.
+    ``fn`` is called vectorised, once per tile or batch of tiles, on broadcasting int arrays:
+    ``q_idx (rows, 1)``, ``kv_idx (1, cols)`` (absolute row and column indices), and for the
+    four-argument form ``b (*B, 1, 1, 1)`` (the flattened batch index) and ``h (H, 1, 1)``. Its
+    result must broadcast to ``(rows, cols)`` (or ``(*B, H, rows, cols)``); anything else is a
+    ``MaskError`` naming what it returned. The four-argument form is bound by
+    ``qkv.attention`` to the call's ``(*B, H)``; tiles are classified by evaluating the
+    predicate, once per mask and size.
 
     >>> even = from_fn(lambda i, j: (i + j) % 2 == 0)
+    >>> per_head_window = from_fn(lambda b, h, i, j: (i - j >= 0) & (i - j < 4 * (h + 1)))
     """
     label = name or f"from_fn({getattr(fn, '__name__', 'fn')})"
+    arity = _positional_arity(fn, label)
 
-    def allowed(i, j, nq, nk):
-        a = np.asarray(to_numpy(r) if hasattr(r := fn(i, j), "shape") else r)
+    def checked(r: Any, want: tuple[int, ...], grids: str) -> np.ndarray:
+        a = np.asarray(to_numpy(r) if hasattr(r, "shape") else r)
         if a.dtype != np.bool_:
             raise MaskError(
                 f"{label} returned dtype {a.dtype}; a mask function returns booleans (True = may attend), "
                 "e.g. lambda i, j: j <= i"
             )
-        want = (i.shape[0], j.shape[-1])
         try:
-            fits = np.broadcast_shapes(a.shape, want)[-2:] == want
+            fits = np.broadcast_shapes(a.shape, want)[-len(want) :] == want
         except ValueError:
             fits = False
         if not fits:
             raise MaskError(
-                f"{label} returned shape {a.shape}, which does not broadcast to the (rows, cols) = {want} "
-                f"of the index grids it was called on (i: {i.shape}, j: {j.shape})"
+                f"{label} returned shape {a.shape}, which does not broadcast to {want} "
+                f"of the index grids it was called on ({grids})"
             )
         return a
 
-    return Mask(allowed, label)
+    def allowed(i, j, nq, nk):
+        return checked(fn(i, j), (i.shape[0], j.shape[-1]), f"i: {i.shape}, j: {j.shape}")
+
+    if arity == 2:
+        return Mask(allowed, label)
+
+    def bind(lead: tuple[int, ...]) -> Mask:
+        *batch, heads = lead if lead else (1,)
+        b = np.arange(math.prod(batch), dtype=np.int64).reshape(*batch, 1, 1, 1)
+        h = np.arange(heads, dtype=np.int64).reshape(heads, 1, 1)
+
+        def allowed_bh(i, j, nq, nk):
+            want = (*lead, i.shape[0], j.shape[-1])
+            a = checked(fn(b, h, i, j), want, f"b: {b.shape}, h: {h.shape}, i: {i.shape}, j: {j.shape}")
+            a = np.broadcast_to(a, np.broadcast_shapes(a.shape, want))
+            return a.reshape(want)  # 2-D calls (no head axis): the size-1 batch and head axes go
+
+        return Mask(allowed_bh, f"{label}@{tuple(lead)}")
+
+    return unbound(label, bind)
+
+
+def _positional_arity(fn: Any, label: str) -> int:
+    """2 (``fn(q_idx, kv_idx)``) or 4 (``fn(b, h, q_idx, kv_idx)``): the positional parameters ``fn`` takes."""
+    if not callable(fn):
+        raise MaskError(f"from_fn needs a function fn(q_idx, kv_idx) or fn(b, h, q_idx, kv_idx), got {fn!r}")
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: the two-argument form
+        return 2
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [p for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
+    if any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params) or len(required) not in (2, 4):
+        raise MaskError(
+            f"{label} takes {len(required)} positional arguments; a mask function is fn(q_idx, kv_idx) "
+            "or fn(b, h, q_idx, kv_idx)"
+        )
+    return len(required)

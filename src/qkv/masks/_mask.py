@@ -5,8 +5,9 @@ tile classification (EMPTY / PARTIAL / FULL) analytically or by evaluation, ``&`
 and the text picture.
 """
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,9 @@ class Mask:
     ``blocks()`` evaluates the predicate one row of tiles at a time (exact, O(block_q · Nk) memory).
     ``rows`` gives each query row's allowed keys as one interval where the mask is that simple
     (causal, sliding window, prefix LM, padding, packed documents, and ``&`` of those).
+    ``bind`` is set for masks that depend on the batch and head index (``from_fn(fn(b, h, i,
+    j))``): ``qkv.attention`` binds them to its call's leading ``(*B, H)`` shape (``bound``).
+    A mask is a pure function of its indices: its tile classes are remembered per size.
     """
 
     allowed: Allowed
@@ -46,6 +50,22 @@ class Mask:
     tiles: Tiles | None = None
     size: tuple[int, int] | None = None  # (Nq, Nk) for masks built for one size (from_dense, document)
     rows: Rows | None = None
+    bind: Callable[[tuple[int, ...]], "Mask"] | None = None
+    _memo: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    def bound(self, lead: tuple[int, ...]) -> "Mask":
+        """This mask for a call whose scores are ``(*lead, Nq, Nk)`` (itself unless it depends on batch and head)."""
+        if self.bind is None:
+            return self
+        key = ("bound", tuple(lead))
+        if key not in self._memo:
+            self._remember(key, self.bind(tuple(lead)))
+        return self._memo[key]
+
+    def _remember(self, key: Any, value: Any) -> None:
+        if len(self._memo) >= 16:  # a handful of sizes per mask in practice; never unbounded
+            self._memo.clear()
+        self._memo[key] = value
 
     def intervals(self, nq: int, nk: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Each query row's allowed keys ``[lo, hi)``: int64 ``(..., nq)`` each, or None when the
@@ -81,11 +101,16 @@ class Mask:
             check_int(b, f"Mask.blocks {name}", minimum=1, error=MaskError)
         nbq = -(-nq // block_q)
         r0, r1 = (0, nbq) if rows is None else (max(0, rows[0]), min(nbq, rows[1]))
-        q0 = np.arange(r0 * block_q, min(r1 * block_q, nq), block_q)[:, None]
-        k0 = np.arange(0, nk, block_k)[None, :]
-        q1, k1 = np.minimum(q0 + block_q, nq), np.minimum(k0 + block_k, nk)
-        c = self._classify(q0, q1, k0, k1, nq, nk).astype(np.int8)
-        return np.broadcast_to(c, np.broadcast_shapes(c.shape, (q0.size, k0.size))).copy()
+        key = ("blocks", nq, nk, block_q, block_k, r0, r1)
+        if key not in self._memo:
+            q0 = np.arange(r0 * block_q, min(r1 * block_q, nq), block_q)[:, None]
+            k0 = np.arange(0, nk, block_k)[None, :]
+            q1, k1 = np.minimum(q0 + block_q, nq), np.minimum(k0 + block_k, nk)
+            c = self._classify(q0, q1, k0, k1, nq, nk).astype(np.int8)
+            c = np.broadcast_to(c, np.broadcast_shapes(c.shape, (q0.size, k0.size))).copy()
+            c.flags.writeable = False  # shared by every call of this size
+            self._remember(key, c)
+        return self._memo[key]
 
     def _classify(self, q0: np.ndarray, q1: np.ndarray, k0: np.ndarray, k1: np.ndarray, nq: int, nk: int):
         if self.tiles is not None:
@@ -94,6 +119,8 @@ class Mask:
 
     def __and__(self, other: "Mask") -> "Mask":
         a, b = self, _as_mask(other, "&")
+        if a.bind is not None or b.bind is not None:
+            return unbound(f"({a.name} & {b.name})", lambda lead: a.bound(lead) & b.bound(lead))
         return Mask(
             lambda i, j, nq, nk: a.allowed(i, j, nq, nk) & b.allowed(i, j, nq, nk),
             f"({a.name} & {b.name})",
@@ -104,6 +131,8 @@ class Mask:
 
     def __or__(self, other: "Mask") -> "Mask":
         a, b = self, _as_mask(other, "|")
+        if a.bind is not None or b.bind is not None:
+            return unbound(f"({a.name} | {b.name})", lambda lead: a.bound(lead) | b.bound(lead))
         return Mask(
             lambda i, j, nq, nk: a.allowed(i, j, nq, nk) | b.allowed(i, j, nq, nk),
             f"({a.name} | {b.name})",
@@ -113,6 +142,8 @@ class Mask:
 
     def __invert__(self) -> "Mask":
         a = self
+        if a.bind is not None:
+            return unbound(f"~{a.name}", lambda lead: ~a.bound(lead))
         return Mask(
             lambda i, j, nq, nk: ~np.asarray(a.allowed(i, j, nq, nk), dtype=bool),
             f"~{a.name}",
@@ -121,6 +152,8 @@ class Mask:
         )
 
     def __repr__(self) -> str:
+        if self.bind is not None:
+            return f"Mask {self.name} (depends on the batch and head index: draw mask.bound((B, H)))"
         return f"Mask {self.name}\n{picture(self)}"
 
 
@@ -135,6 +168,18 @@ def picture(mask: Mask, nq: int | None = None, nk: int | None = None, crop: int 
     d = d[(0,) * (d.ndim - 2)][:crop, :crop]
     rows = "\n".join(" ".join("█" if x else "·" for x in row) for row in d)
     return rows if max(nq, nk) <= crop else f"{rows}\n(top-left {d.shape[0]}x{d.shape[1]} of {nq}x{nk})"
+
+
+def unbound(name: str, bind: Callable[[tuple[int, ...]], Mask]) -> Mask:
+    """A mask that depends on the batch and head index: evaluated only once bound to a call's shape."""
+
+    def allowed(i: np.ndarray, j: np.ndarray, nq: int, nk: int) -> np.ndarray:
+        raise MaskError(
+            f"mask {name} depends on the batch and head index: qkv.attention binds it to its call; "
+            "to draw or evaluate it alone, bind it first: mask.bound((B, H)).dense(Nq, Nk)"
+        )
+
+    return Mask(allowed, name, bind=bind)
 
 
 def _as_mask(m: Any, op: str) -> Mask:
@@ -176,7 +221,8 @@ def _classify_by_evaluation(mask: Mask, q0: np.ndarray, q1: np.ndarray, k0: np.n
     tiles), ``k0`` the first key column of each tile column; memory stays ~4 M cells.
     """
     block_q = int(q1[0] - q0[0])
-    rows_per_chunk = max(1, (1 << 22) // max(1, block_q * nk))
+    lead = math.prod(mask.tile(int(q0[0]), int(q0[0]) + 1, 0, 1, nq, nk).shape[:-2])  # batch x heads evaluated
+    rows_per_chunk = max(1, (1 << 22) // max(1, lead * block_q * nk))
     out = []
     for c in range(0, q0.size, rows_per_chunk):
         r0, r1 = int(q0[c]), int(q1[min(c + rows_per_chunk, q0.size) - 1])

@@ -8,7 +8,7 @@ largest ``d`` a tile holds, without evaluating a single cell.
 
 import numpy as np
 
-from .._checks import check_int
+from .._checks import check_flag, check_int
 from ..errors import MaskError
 from ._mask import EMPTY, FULL, PARTIAL, Mask
 
@@ -22,6 +22,22 @@ def aligned(nq: int, nk: int) -> int:
     return nk - nq
 
 
+def shift(offset: int | None, nq: int, nk: int) -> int:
+    """The query's aligned position is ``p = i + shift``: ``Nk - Nq`` for ``offset=None`` (bottom-right),
+    else ``offset`` clipped to ``[-Nq, Nk]`` (beyond it every key is hidden or shown alike, and
+    int64 index arithmetic stays exact for any Python int)."""
+    return aligned(nq, nk) if offset is None else min(max(offset, -nq), nk)
+
+
+def check_offset(offset: object, name: str) -> int | None:
+    """``None`` (bottom-right) or an integer: the ``offset=`` of every position mask."""
+    return None if offset is None else check_int(offset, f"{name} offset", error=MaskError)
+
+
+def suffix(offset: int | None) -> str:
+    return "" if offset is None else f", offset={offset}"
+
+
 def length(value: object, name: str, minimum: int = 1) -> int:
     """A mask size parameter: an integer in ``minimum..MAX_LENGTH`` (``MaskError`` otherwise)."""
     return check_int(value, name, minimum=minimum, maximum=MAX_LENGTH, error=MaskError)
@@ -31,9 +47,7 @@ def _band(lo: int, hi: int, offset: int | None, name: str) -> Mask:
     """Keys at distance ``d = i + offset - j`` with ``lo <= d <= hi`` (offset None: Nk - Nq)."""
 
     def off(nq: int, nk: int) -> int:
-        # an offset beyond [-nq, nk] hides or shows the same keys as the bound (hi is only finite with
-        # offset None): clipping keeps int64 index arithmetic exact for any Python int
-        return aligned(nq, nk) if offset is None else min(max(offset, -nq), nk)
+        return shift(offset, nq, nk)
 
     def allowed(i, j, nq, nk):
         d = i + off(nq, nk) - j
@@ -62,8 +76,7 @@ def causal(offset: int | None = None) -> Mask:
         █ █ █ ·
         █ █ █ █
     """
-    if offset is not None:
-        offset = check_int(offset, "causal offset", error=MaskError)
+    offset = check_offset(offset, "causal")
     if offset is None:
         return _CAUSAL
     return _band(0, np.iinfo(np.int64).max, int(offset), f"causal(offset={offset})")
@@ -72,12 +85,13 @@ def causal(offset: int | None = None) -> Mask:
 _CAUSAL = _band(0, np.iinfo(np.int64).max, None, "causal")  # one object: impls recognise it by identity
 
 
-def sliding_window(size: int, causal: bool = True) -> Mask:
+def sliding_window(size: int, causal: bool = True, *, offset: int | None = None) -> Mask:
     """Keys within ``size`` positions of the query's aligned position ``p``; ``d = p - j``.
 
     ``causal=True``: ``0 <= d < size``, the ``size`` most recent keys including itself
     (Mistral's window). ``causal=False``: ``|d| < size``, ``size - 1`` keys on each side
-    (Longformer, arXiv:2004.05150). Nq=Nk=5, size=2, causal:
+    (Longformer, arXiv:2004.05150). ``p = i + offset``; ``offset=None`` is ``Nk - Nq``
+    (bottom-right), ``0`` top-left, as for ``causal``. Nq=Nk=5, size=2, causal:
 
         █ · · · ·
         █ █ · · ·
@@ -86,47 +100,52 @@ def sliding_window(size: int, causal: bool = True) -> Mask:
         · · · █ █
     """
     size = length(size, "sliding_window size")
-    if causal:
-        return _band(0, size - 1, None, f"sliding_window({size})")
-    return _band(-(size - 1), size - 1, None, f"sliding_window({size}, causal=False)")
+    offset = check_offset(offset, "sliding_window")
+    if check_flag(causal, "sliding_window causal", error=MaskError):
+        return _band(0, size - 1, offset, f"sliding_window({size}{suffix(offset)})")
+    return _band(-(size - 1), size - 1, offset, f"sliding_window({size}, causal=False{suffix(offset)})")
 
 
-def prefix_lm(prefix_len: int) -> Mask:
+def prefix_lm(prefix_len: int, *, offset: int | None = None) -> Mask:
     """Every query sees the first ``prefix_len`` keys (bidirectional prefix), the rest causally.
 
-    Allowed iff ``j < prefix_len`` or ``j <= p`` (T5 / UniLM prefix LM, arXiv:1910.10683).
+    Allowed iff ``j < prefix_len`` or ``j <= p`` (T5 / UniLM prefix LM, arXiv:1910.10683), with
+    ``p = i + offset`` aligned as for ``causal`` (None: bottom-right).
     """
     n = length(prefix_len, "prefix_len", minimum=0)
+    offset = check_offset(offset, "prefix_lm")
 
     def allowed(i, j, nq, nk):
-        return (j < n) | (j <= i + aligned(nq, nk))
+        return (j < n) | (j <= i + shift(offset, nq, nk))
 
     def tiles(q0, q1, k0, k1, nq, nk):
-        o = aligned(nq, nk)
+        o = shift(offset, nq, nk)
         some = (k0 < n) | (k0 <= q1 - 1 + o)  # the smallest j is allowed in the last row
         hidden = (k1 - 1 >= n) & (k1 - 1 > q0 + o)  # the largest j is hidden from the first row
         return np.where(~some, EMPTY, np.where(hidden, PARTIAL, FULL))
 
     def rows(i, nq, nk):
-        p = i.astype(np.int64) + aligned(nq, nk)
+        p = i.astype(np.int64) + shift(offset, nq, nk)
         return np.zeros_like(p), np.clip(np.maximum(n, p + 1), 0, nk)
 
-    return Mask(allowed, f"prefix_lm({n})", tiles, rows=rows)
+    return Mask(allowed, f"prefix_lm({n}{suffix(offset)})", tiles, rows=rows)
 
 
-def dilated(window: int, dilation: int) -> Mask:
+def dilated(window: int, dilation: int, *, offset: int | None = None) -> Mask:
     """Every ``dilation``-th key within ``window · dilation`` positions on either side:
-    ``|d| < window · dilation`` and ``d % dilation == 0`` (Longformer's dilated window).
+    ``|d| < window · dilation`` and ``d % dilation == 0`` (Longformer's dilated window), with
+    ``d = i + offset - j`` aligned as for ``causal`` (None: bottom-right).
 
     Symmetric; combine with ``causal()`` for the causal form.
     """
     window = length(window, "dilated window")
     dilation = length(dilation, "dilated dilation")
+    offset = check_offset(offset, "dilated")
     reach = window * dilation - 1
-    band = _band(-reach, reach, None, "band")
+    band = _band(-reach, reach, offset, "band")
 
     def allowed(i, j, nq, nk):
-        d = i + aligned(nq, nk) - j
+        d = i + shift(offset, nq, nk) - j
         return (np.abs(d) <= reach) & (d % dilation == 0)
 
     def tiles(q0, q1, k0, k1, nq, nk):
@@ -137,4 +156,4 @@ def dilated(window: int, dilation: int) -> Mask:
         cell = allowed(q0, k0, nq, nk)
         return np.where(c == EMPTY, EMPTY, np.where(single, np.where(cell, FULL, EMPTY), PARTIAL))
 
-    return Mask(allowed, f"dilated({window}, dilation={dilation})", tiles)
+    return Mask(allowed, f"dilated({window}, dilation={dilation}{suffix(offset)})", tiles)

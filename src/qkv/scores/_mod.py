@@ -15,8 +15,10 @@ from .._backend import from_numpy, is_jax, is_torch, kind, namespace, to_numpy
 from .._typing import Array
 from ..errors import ShapeError
 
-Grad = Array | float | None
-"""``ds'/ds``: an array, a constant, or None for 1 (a pure bias)."""
+Grad = Array | float | Callable[[], Array] | None
+"""``ds'/ds``: an array, a constant, None for 1 (a pure bias), or a function computing it when a
+backward pass asks (``from_fn`` mods: autograd's derivative is only taken when needed, and a
+NumPy mod without ``grad=`` refuses the backward only then)."""
 
 ModFn = Callable[[Any, Array, np.ndarray, np.ndarray, int, int], tuple[Array, Grad]]
 """``(xp, s, i, j, nq, nk) -> (s', ds'/ds)`` with ``i (rows, 1)``, ``j (1, cols)`` NumPy ints."""
@@ -31,6 +33,7 @@ class ScoreMod:
     name: str
     bias: Callable[[Any, Array, np.ndarray, np.ndarray, int, int], Array] | None = None
     tensors: tuple[Array, ...] = ()  # learnable arrays it closes over (kernels without autograd decline them)
+    opaque: bool = False  # a plain function: it may close over tensors only autograd can follow
 
     def __call__(self, s: Array, i: np.ndarray, j: np.ndarray, nq: int, nk: int) -> Array:
         """``s'`` for scores ``s`` at rows ``i (rows, 1)`` and columns ``j (1, cols)``."""
@@ -58,7 +61,7 @@ class ScoreMod:
             def both(xp, like, i, j, nq, nk):
                 return ab(xp, like, i, j, nq, nk) + bb(xp, like, i, j, nq, nk)
 
-        return ScoreMod(fn, f"{a.name} + {b.name}", both, a.tensors + b.tensors)
+        return ScoreMod(fn, f"{a.name} + {b.name}", both, a.tensors + b.tensors, a.opaque or b.opaque)
 
     def __repr__(self) -> str:
         return f"ScoreMod({self.name})"
@@ -69,7 +72,19 @@ def _mul(a: Grad, b: Grad) -> Grad:
         return b
     if b is None:
         return a
+    if callable(a) or callable(b):
+        return lambda: resolved(a) * resolved(b)
     return a * b
+
+
+def resolved(grad: Grad) -> Any:
+    """The derivative's value (computing it if it was deferred)."""
+    return grad() if callable(grad) else grad
+
+
+def through(ds: Array, grad: Grad) -> Array:
+    """``dS ∘ ds'/ds``: the chain rule through a score mod."""
+    return ds if grad is None else ds * resolved(grad)
 
 
 def additive_mod(
