@@ -14,7 +14,7 @@ from ._finite import check_overflow
 from ._impls import Call, Dispatch, build_call
 from ._impls import dispatch as _dispatch
 from ._impls._autograd import with_autograd
-from ._softmax import empty_result
+from ._softmax import empty_result, with_sinks
 from ._typing import Array, Result
 from .errors import ArgumentError, ShapeError
 from .scores import ScoreMod
@@ -49,10 +49,13 @@ def run(c: Call, impl: str = "auto") -> Result:
     build their own ``Call`` (e.g. with forced flash ``tiles``) run it here.
     """
     chosen, _ = _dispatch(impl, c)
-    if c.dims.nq * c.dims.nk == 0:
-        return _empty(c)
+    empty = c.dims.nq * c.dims.nk == 0
     with np.errstate(all="ignore"):  # overflow is reported below, as an error, never as a warning
-        res = chosen.forward(c)
+        res = _empty(c) if empty else chosen.forward(c)
+        if c.sinks is not None and (empty or not chosen.sinks):
+            res = with_sinks(namespace(q=c.q), res, c.sinks)
+    if empty:
+        return res
     check_overflow(namespace(q=c.q), res.out, c.q, c.k, c.v, c.bias, scale=c.scale)
     return res
 
@@ -90,6 +93,8 @@ def attention(
     impl: str = ...,
     return_weights: Literal[False] = ...,
     return_lse: Literal[False] = ...,
+    bias: Any = ...,
+    sinks: Any = ...,
 ) -> Array: ...
 @overload
 def attention(
@@ -106,6 +111,8 @@ def attention(
     impl: str = ...,
     return_weights: bool = ...,
     return_lse: bool = ...,
+    bias: Any = ...,
+    sinks: Any = ...,
 ) -> Any: ...
 
 
@@ -123,6 +130,8 @@ def attention(
     impl="auto",
     return_weights=False,
     return_lse=False,
+    bias=None,
+    sinks=None,
 ):
     """Exact softmax attention ``softmax(q kᵀ · scale + bias) v``.
 
@@ -135,6 +144,13 @@ def attention(
       ``qkv.masks.Mask``; broadcasts to ``(*B, H, Nq, Nk)``. ``causal=True`` adds
       ``masks.causal()`` (bottom-right: query ``i`` sees key ``j <= i + Nk - Nq``).
     - ``score_mod``: a ``qkv.scores.ScoreMod`` applied to the scaled scores before masking.
+    - ``bias``: a float array added to the scores (after the score mod), broadcasting to
+      ``(*B, H, Nq, Nk)`` (``(Nk,)`` means ``(1, Nk)``); it may sit beside a ``Mask`` in
+      ``mask=``, which keeps its tile skipping. Gradients reach a torch ``bias``.
+    - ``sinks``: one float logit per head, ``(H,)`` or broadcasting to ``(*B, H)``, that joins
+      every row's softmax denominator and carries no value (gpt-oss attention sinks, flash-attn's
+      ``learnable_sink``); a row with nothing to attend then has ``lse = sink``. Gradients
+      reach a torch ``sinks``.
     - ``dropout``: inverted dropout on the weights, drawn from ``rng``.
     - ``impl``: ``"reference"``, ``"flash"``, ``"torch"`` or ``"auto"``; ``qkv.dispatch`` says
       which one ``"auto"`` picks for a call, and why.
@@ -158,6 +174,8 @@ def attention(
         rng=rng,
         want_weights=return_weights,
         want_lse=return_lse,
+        bias=bias,
+        sinks=sinks,
     )
     return picked(run(c, impl), return_weights, return_lse)
 
@@ -186,18 +204,22 @@ def check_saved(c: Call, dout: Any, out: Any, lse: Any) -> tuple[Array, Array, A
     return dout, out, lse
 
 
-def attention_backward(dout, q, k, v, out, lse, *, mask=None, causal=False, scale=None, score_mod=None, impl="auto"):
+def attention_backward(
+    dout, q, k, v, out, lse, *, mask=None, causal=False, scale=None, score_mod=None, impl="auto", bias=None, sinks=None
+):
     """The analytic backward pass of ``attention`` (without dropout): ``(dq, dk, dv)``.
 
     ``dout``, ``out (*B, H, Nq, Dv)`` and ``lse (*B, H, Nq)`` come from the forward pass with
     the same ``mask``, ``causal``, ``scale`` and ``score_mod``. Gradients have the shapes of
     ``q``, ``k``, ``v`` (summed over the query heads of each kv head and over broadcast axes).
-    Rows with nothing to attend get zero gradients.
+    Rows with nothing to attend get zero gradients. With ``bias`` or ``sinks``, ``out`` and
+    ``lse`` are those the forward pass gave with them (the sinks are in ``lse``, so the same
+    formulas hold); the gradients of ``bias`` and ``sinks`` themselves come from torch autograd.
 
         dV = Aᵀ dO    dA = dO Vᵀ    dS = A ∘ (dA − rowsum(dO ∘ O))
         dQ = dS K · scale           dK = dSᵀ Q · scale
     """
-    c = build_call(q, k, v, mask=mask, causal=causal, scale=scale, score_mod=score_mod)
+    c = build_call(q, k, v, mask=mask, causal=causal, scale=scale, score_mod=score_mod, bias=bias, sinks=sinks)
     return run_backward(c, dout, out, lse, impl)
 
 

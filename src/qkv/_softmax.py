@@ -55,14 +55,46 @@ def empty_result(
     return Result(out, w, xp.full(lead, -float("inf"), dtype=lse_dtype, device=device))
 
 
-def softmax_lse(xp: Any, x: Array, axis: int = -1) -> tuple[Array, Array]:
-    """``(softmax(x), logsumexp(x))`` along ``axis`` in the dtype of ``x``; lse keeps no axis."""
-    if x.shape[axis] == 0:  # an empty row: nothing to attend
+def softmax_lse(xp: Any, x: Array, axis: int = -1, sinks: Array | None = None) -> tuple[Array, Array]:
+    """``(softmax(x), logsumexp(x))`` along ``axis`` in the dtype of ``x``; lse keeps no axis.
+
+    ``sinks`` (broadcasting to ``x`` with ``axis`` of size 1): one more logit per row that joins
+    the denominator and gets no weight of its own (attention sinks; ``-inf``: none).
+    """
+    if x.shape[axis] == 0 and sinks is None:  # an empty row: nothing to attend
         return x, xp.full(tuple(n for a, n in enumerate(x.shape) if a != axis % x.ndim), -float("inf"), dtype=x.dtype)
-    m = xp.max(x, axis=axis, keepdims=True)
+    m = (
+        xp.max(x, axis=axis, keepdims=True)
+        if x.shape[axis]
+        else xp.full_like(xp.sum(x, axis=axis, keepdims=True), -float("inf"))
+    )
+    if sinks is not None:
+        sinks = xp.astype(sinks, x.dtype)
+        m = xp.maximum(m, sinks)
     e = xp.exp(x - safe_max(xp, m))
-    a, lse = finalise(xp, e, xp.sum(e, axis=axis, keepdims=True), m)
+    l = xp.sum(e, axis=axis, keepdims=True)
+    if sinks is not None:
+        l = l + xp.exp(sinks - safe_max(xp, m))
+    a, lse = finalise(xp, e, l, m)
     return a, xp.squeeze(lse, axis=axis)
+
+
+def with_sinks(xp: Any, res: Result, sinks: Array) -> Result:
+    """``res`` (attention without sinks) with one extra logit per row in every denominator:
+    ``lse' = log(exp(lse) + exp(sink))``, ``out' = out · exp(lse − lse')`` (weights likewise).
+
+    The sink is a part with no value, merged like ``merge_attention`` merges parts; written with
+    the library's own ops, so autograd reaches ``sinks`` (and ``out``, ``lse`` of the impl).
+    """
+    lse = res.lse
+    sink = xp.astype(sinks, lse.dtype)
+    m = safe_max(xp, xp.maximum(lse, sink))
+    lse2 = xp.log(xp.exp(lse - m) + xp.exp(sink - m)) + m
+    nothing = lse == -float("inf")
+    scale = xp.where(nothing, xp.zeros_like(lse), xp.exp(xp.where(nothing, xp.zeros_like(lse), lse) - lse2))
+    out = res.out * xp.astype(scale[..., None], res.out.dtype)
+    weights = None if res.weights is None else res.weights * xp.astype(scale[..., None], res.weights.dtype)
+    return Result(out, weights, lse2)
 
 
 def _numbers(x: Any, axis: Any) -> tuple[Any, Array, int]:

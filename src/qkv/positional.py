@@ -107,13 +107,23 @@ def _positions(positions: Any, lead: tuple[int, ...], x_shape: tuple[int, ...]) 
     return p
 
 
-def rope(x: Array, positions: Any = None, base: float = 10000.0) -> Array:
-    """Rotary position embedding (RoFormer, Su et al., arXiv:2104.09864), rotate-half convention.
+def rope(
+    x: Array,
+    positions: Any = None,
+    base: float = 10000.0,
+    *,
+    interleaved: bool = False,
+    rotary_dim: int | None = None,
+) -> Array:
+    """Rotary position embedding (RoFormer, Su et al., arXiv:2104.09864).
 
-    ``x (..., N, D)`` with ``D`` even; feature ``c < D/2`` is paired with ``c + D/2`` (the
-    GPT-NeoX / Llama layout) and the pair is rotated by the angle ``pos · base^(-2c/D)``:
+    ``x (..., N, D)``; the first ``R = rotary_dim`` features (default all of ``D``; ``R`` even)
+    are rotated in pairs, the rest pass unchanged (partial rotary, GPT-NeoX / Phi). Pair ``c <
+    R/2`` is rotated by the angle ``pos · base^(-2c/R)``. Which features pair up:
 
-        out = x · cos(θ) + rotate_half(x) · sin(θ),   rotate_half(x) = (-x[D/2:], x[:D/2])
+    - ``interleaved=False`` (rotate-half, GPT-NeoX / Llama): feature ``c`` with ``c + R/2``,
+      ``out = x · cos(θ) + rotate_half(x) · sin(θ)``, ``rotate_half(x) = (-x[R/2:], x[:R/2])``;
+    - ``interleaved=True`` (GPT-J, the paper's layout): feature ``2c`` with ``2c + 1``.
 
     ``positions``: ``(N,)`` or anything broadcasting to ``x.shape[:-1]`` (e.g. ``(B, 1, N)``),
     default ``arange(N)``; a decoder with a KV cache passes ``cache_length + arange(N)``.
@@ -121,26 +131,33 @@ def rope(x: Array, positions: Any = None, base: float = 10000.0) -> Array:
     Angles are computed in float64; the result has ``x``'s kind and dtype (half precision is
     rotated in float32) and is differentiable under torch autograd.
     """
+    from ._checks import check_flag, check_int
     from .errors import ShapeError
 
     x = as_array(x, "x")
     if x.ndim < 2:
         raise ShapeError(f"rope needs x of shape (..., N, D), got {x.ndim} axis (x: {tuple(x.shape)})")
     d = x.shape[-1]
-    if d % 2:
-        raise ShapeError(
-            f"rope pairs features c and c + D/2, so x needs an even D on its last axis, got D={d} (x: {tuple(x.shape)})"
-        )
+    interleaved = check_flag(interleaved, "rope interleaved")
+    r = d if rotary_dim is None else check_int(rotary_dim, "rope rotary_dim", minimum=2, maximum=d, error=ShapeError)
+    if r % 2:
+        what = f"rotary_dim={r}" if rotary_dim is not None else f"an even D on its last axis, got D={d}"
+        raise ShapeError(f"rope rotates features in pairs, so it needs {what} to be even (x: {tuple(x.shape)})")
     base = _positive(base, "base")
     p = _positions(positions, tuple(x.shape[:-1]), tuple(x.shape))
-    inv_freq = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)  # (D/2,)
-    angle = p[..., None] * inv_freq  # (..., N, D/2)
+    inv_freq = base ** (-np.arange(0, r, 2, dtype=np.float64) / r)  # (R/2,)
+    angle = p[..., None] * inv_freq  # (..., N, R/2)
+    angle = np.repeat(angle, 2, axis=-1) if interleaved else np.concatenate([angle, angle], axis=-1)
     xp = namespace(x=x)
     ct = compute_dtype(xp, x)
-    cos = from_numpy(np.cos(np.concatenate([angle, angle], axis=-1)), x, ct)
-    sin = from_numpy(np.sin(np.concatenate([angle, angle], axis=-1)), x, ct)
+    cos, sin = from_numpy(np.cos(angle), x, ct), from_numpy(np.sin(angle), x, ct)
     xc = x if x.dtype == ct else xp.astype(x, ct)
-    half = d // 2
-    rotated = xp.concat([-xc[..., half:], xc[..., :half]], axis=-1)
-    out = xc * cos + rotated * sin
+    xr = xc[..., :r]
+    if interleaved:  # (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)
+        rotated = xp.reshape(xp.stack([-xr[..., 1::2], xr[..., 0::2]], axis=-1), tuple(xr.shape))
+    else:
+        rotated = xp.concat([-xr[..., r // 2 :], xr[..., : r // 2]], axis=-1)
+    out = xr * cos + rotated * sin
+    if r < d:
+        out = xp.concat([out, xc[..., r:]], axis=-1)
     return out if out.dtype == x.dtype else xp.astype(out, x.dtype)

@@ -45,12 +45,15 @@ def explain(
     dropout: float = 0.0,
     grad: bool = False,
     dout: Any = None,
+    bias: Any = None,
+    sinks: Any = None,
 ) -> Trace:
     """Replay ``qkv.attention(q, k, v, ...)`` on the reference path, recording every step.
 
     q (*B, H, Nq, Dk), k (*B, Hkv, Nk, Dk), v (*B, Hkv, Nk, Dv), as for ``qkv.attention``, whose
     checks and errors apply; with q, k, v all None, the built-in 2×2 / 3×2 / 3×2 example. ``mask``,
-    ``causal``, ``scale`` and ``score_mod`` mean what they mean there; dropout is not replayed
+    ``causal``, ``scale``, ``score_mod``, ``bias`` and ``sinks`` mean what they mean there (a sink
+    is recorded as a step of its own); dropout is not replayed
     (``ArgumentError`` if > 0). ``grad=True`` (implied by ``dout``) adds the backward steps for
     ``dO = dout`` (ones by default); their dQ, dK, dV equal ``qkv.attention_backward``'s.
 
@@ -67,7 +70,9 @@ def explain(
         raise ArgumentError(
             f"explain needs q, k and v together (missing: {missing}), or none of them for the built-in example"
         )
-    c = build_call(q, k, v, mask=mask, causal=causal, scale=scale, score_mod=score_mod, dropout=dropout)
+    c = build_call(
+        q, k, v, mask=mask, causal=causal, scale=scale, score_mod=score_mod, dropout=dropout, bias=bias, sinks=sinks
+    )
     if c.dropout > 0:
         raise ArgumentError(
             f"explain replays the deterministic computation; dropout={c.dropout} is not "
@@ -82,6 +87,8 @@ def explain(
     inputs = {"q": c.q.shape, "k": c.k.shape, "v": c.v.shape}
     if c.bias is not None:
         inputs["bias"] = c.bias.shape
+    if c.sinks is not None:
+        inputs["sinks"] = c.sinks.shape[:-1]
     options = {
         "example": example,
         "causal": bool(causal),
@@ -108,7 +115,8 @@ def _numpy(x: Any) -> np.ndarray:
 def _numpy_call(c: Call) -> Call:
     q, k, v = (_numpy(x) for x in (c.q, c.k, c.v))
     bias = None if c.bias is None else _numpy(c.bias).astype(q.dtype, copy=False)
-    return c._replace(q=q, k=k, v=v, bias=bias)
+    sinks = None if c.sinks is None else _numpy(c.sinks).astype(q.dtype, copy=False)
+    return c._replace(q=q, k=k, v=v, bias=bias, sinks=sinks)
 
 
 def _dout(dout: Any, c: Call, n: Call) -> np.ndarray:
@@ -164,7 +172,11 @@ def _forward(c: Call, default_scale: bool) -> tuple[list[Step], Any]:
             "subtracted before exp so it cannot overflow; −∞ = nothing to attend (shift by 0)",
         )
     )
-    a, lse = ref.normalised(xp, s)
+    if c.sinks is not None:
+        steps.append(
+            Step("sinks", "sink logit per head", c.sinks[..., 0], "joins every row's Σ exp in A; carries no value")
+        )
+    a, lse = ref.normalised(xp, s, c.sinks)
     steps.append(Step("A", "A = softmax(S)", a, "exp(S − m) / Σⱼ exp(S − m): how much each query reads each key"))
     steps.append(Step("row_sum", "Σⱼ A", np.sum(a, axis=-1), "1 for every row; 0 for a row with nothing to attend"))
     steps.append(

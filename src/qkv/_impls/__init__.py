@@ -43,18 +43,25 @@ from ._autograd import with_autograd
 from ._call import Call as Call
 from ._call import build_call as build_call
 
+_flash_autograd = with_autograd(flash.forward, flash.backward)
+
 
 class Impl(NamedTuple):
+    """An implementation: ``supports(call)`` is None or the reason it cannot run ``call`` exactly;
+    ``sinks``: it applies ``call.sinks`` itself (otherwise ``qkv.attention`` merges them into its
+    ``(out, lse)``, ``_softmax.with_sinks``)."""
+
     name: str
     supports: Callable[[Call], str | None]
     forward: Callable[[Call], Result]
     backward: Callable[..., Any]
+    sinks: bool = False
 
 
 IMPLS: dict[str, Impl] = {
-    "reference": Impl("reference", lambda c: None, reference.forward, reference.backward),
+    "reference": Impl("reference", lambda c: None, reference.forward, reference.backward, sinks=True),
     "torch": Impl("torch", torch_sdpa.supports, torch_sdpa.forward, torch_sdpa.backward),
-    "flash": Impl("flash", flash.supports, with_autograd(flash.forward, flash.backward), flash.backward),
+    "flash": Impl("flash", flash.supports, lambda c: _flash_autograd(flash.seeded(c)), flash.backward),
 }
 
 

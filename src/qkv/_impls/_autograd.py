@@ -23,32 +23,42 @@ def _function(forward: Forward, backward: Backward) -> Any:
 
     class AttentionFunction(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, call):
-            res = forward(call._replace(q=q, k=k, v=v, want_weights=False))
-            ctx.save_for_backward(q, k, v, res.out, res.lse)
+        def forward(ctx, q, k, v, bias, call):
+            c = call._replace(q=q, k=k, v=v, want_weights=False)
+            if bias is not None:
+                c = c._replace(bias=bias)
+            res = forward(c)
+            ctx.save_for_backward(q, k, v, res.out, res.lse, bias)
             ctx.call = call
             return res.out, res.lse
 
         @staticmethod
         def backward(ctx, dout, dlse):
-            q, k, v, out, lse = ctx.saved_tensors
-            grads = backward(dout, ctx.call._replace(q=q, k=k, v=v), out, lse, dlse)
-            return (*grads, None)
+            q, k, v, out, lse, bias = ctx.saved_tensors
+            c = ctx.call._replace(q=q, k=k, v=v)
+            if bias is None:
+                return (*backward(dout, c, out, lse, dlse), None, None)
+            return (*backward(dout, c._replace(bias=bias), out, lse, dlse, dbias=True), None)
 
     return AttentionFunction
 
 
 def with_autograd(forward: Forward, backward: Backward) -> Forward:
-    """``forward`` that records one autograd node (``backward``) for torch tensors needing grads."""
+    """``forward`` that records one autograd node (``backward``) for torch tensors needing grads.
+
+    A float bias that requires grad is an input of the node too: ``backward(..., dbias=True)``
+    returns its gradient as a fourth array.
+    """
 
     def run(c: Call) -> Result:
-        if not is_torch(c.q) or not any(x.requires_grad for x in (c.q, c.k, c.v)):
+        learned_bias = c.bias is not None and getattr(c.bias, "requires_grad", False)
+        if not is_torch(c.q) or not (learned_bias or any(x.requires_grad for x in (c.q, c.k, c.v))):
             return forward(c)
         import torch
 
         if not torch.is_grad_enabled():
             return forward(c)
-        out, lse = _function(forward, backward).apply(c.q, c.k, c.v, c)
+        out, lse = _function(forward, backward).apply(c.q, c.k, c.v, c.bias if learned_bias else None, c)
         return Result(out, None, lse)  # impls wrapped here decline want_weights with autograd
 
     return run

@@ -12,7 +12,7 @@ from .. import masks
 from .._backend import as_array, is_bool, is_floating, namespace
 from .._checks import check_covers, check_dropout, check_flag, check_int, check_qkv, check_scale
 from .._typing import Array, Dims
-from ..errors import ArgumentError, DTypeError, MaskError
+from ..errors import ArgumentError, DTypeError, MaskError, ShapeError
 from ..masks import Mask
 from ..scores import ScoreMod
 
@@ -22,7 +22,8 @@ class Call(NamedTuple):
     their ``dims``, one ``mask`` (None: every key), one float ``bias`` broadcasting to
     ``(*B, H, Nq, Nk)``, one ``score_mod``, the numeric ``scale``; dropout and its ``rng``;
     which extra outputs are wanted; ``tiles = (block_q, block_k)`` forces the flash kernel's
-    tile sizes (None: the kernel chooses)."""
+    tile sizes (None: the kernel chooses); ``sinks`` one extra logit per head ``(*B, H, 1)`` that
+    joins every row's softmax denominator and carries no value (gpt-oss attention sinks)."""
 
     q: Array
     k: Array
@@ -37,6 +38,7 @@ class Call(NamedTuple):
     want_weights: bool = False
     want_lse: bool = False
     tiles: tuple[int, int] | None = None
+    sinks: Array | None = None
 
 
 def split_mask(mask: Any, causal: bool) -> tuple[Mask | None, Array | None]:
@@ -73,6 +75,37 @@ def check_mask_covers(mask: Mask | None, bias: Array | None, score_shape: tuple[
         check_covers("mask", tuple(bias.shape), score_shape)
 
 
+def check_bias(bias: Any, mask_bias: Array | None) -> Array | None:
+    """``bias=`` (a float array; ``(Nk,)`` means ``(1, Nk)``) added to a float ``mask=`` if both are given."""
+    if bias is None:
+        return mask_bias
+    if not (hasattr(bias, "dtype") and hasattr(bias, "shape")) or not is_floating(bias):
+        what = f"dtype {str(bias.dtype).removeprefix('torch.')}" if hasattr(bias, "dtype") else type(bias).__name__
+        raise MaskError(f"bias must be a float array added to the scores, got {what}; a boolean mask goes in mask=")
+    if len(bias.shape) == 1:
+        bias = bias[None, :]
+    return bias if mask_bias is None else mask_bias + bias
+
+
+def check_sinks(sinks: Any, lead: tuple[int, ...], like: Array) -> Array | None:
+    """``sinks (H,)`` or broadcasting to ``(*B, H)``, as a float array ``(*B|1, H|1, 1)`` of ``like``'s kind."""
+    if sinks is None:
+        return None
+    sinks = as_array(sinks, "sinks")
+    if not is_floating(sinks):
+        raise DTypeError(f"sinks has dtype {str(sinks.dtype).removeprefix('torch.')}; sinks are float logits")
+    shape = tuple(sinks.shape)
+    if not lead and shape in ((), (1,)):
+        return sinks[None] if shape == () else sinks  # a call without heads: one sink
+    fits = len(shape) <= len(lead) and all(s in (1, n) for s, n in zip(shape[::-1], lead[::-1], strict=False))
+    if not fits:
+        raise ShapeError(
+            f"sinks has shape {shape}, which does not broadcast to the (*B, H) = {lead} of the scores "
+            "(one logit per head: (H,), or (B, H))"
+        )
+    return sinks[..., None]
+
+
 def _tiles(tiles: Any) -> tuple[int, int] | None:
     if tiles is None:
         return None
@@ -95,6 +128,8 @@ def build_call(
     want_weights: bool = False,
     want_lse: bool = False,
     tiles: tuple[int, int] | None = None,
+    bias: Any = None,
+    sinks: Any = None,
 ) -> Call:
     """Validate ``qkv.attention``'s arguments and normalise them into a ``Call``.
 
@@ -105,11 +140,13 @@ def build_call(
     """
     q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
     arrays = {"q": q, "k": k, "v": v}
-    if mask is not None and not isinstance(mask, Mask) and hasattr(mask, "shape"):
-        arrays["mask"] = mask
+    for name, x in (("mask", mask), ("bias", bias), ("sinks", sinks)):
+        if x is not None and not isinstance(x, Mask) and hasattr(x, "shape"):
+            arrays[name] = x
     namespace(**arrays)  # mixed NumPy / torch -> DTypeError (a TypeError)
     dims = check_qkv(q, k, v)
-    m, bias = split_mask(mask, causal)
+    m, mask_bias = split_mask(mask, causal)
+    bias = check_bias(bias, mask_bias)
     if m is not None:
         m = m.bound(dims.score_shape[:-2])  # a mask of (b, h, i, j) sees this call's batch and heads
     check_mask_covers(m, bias, dims.score_shape)
@@ -131,4 +168,5 @@ def build_call(
         check_flag(want_weights, "return_weights"),
         check_flag(want_lse, "return_lse"),
         _tiles(tiles),
+        check_sinks(sinks, dims.score_shape[:-2] if dims.has_heads else (), q),
     )

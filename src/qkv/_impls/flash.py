@@ -32,12 +32,14 @@ from .._backend import (
     iadd_,
     imul_,
     in_place,
+    is_torch,
     namespace,
     set_,
     unbroadcast,
 )
 from .._finite import bad_rows, hidden_to_inf, zeroed
 from .._heads import cast, group_q, ungroup
+from .._philox import index_grids, keep_mask
 from .._softmax import finalise, safe_max
 from .._typing import Array, Result
 from ..masks._rows import full_pairs, kept_pairs, row_tiles, tile_counts
@@ -111,17 +113,35 @@ def _tile_work(c: Call, bq: int, bk: int) -> tuple[int, int, int]:
     return int(area[kept].sum()), int(area[classes == masks.FULL].sum()), int(kept.sum())
 
 
+def is_seed(rng: Any) -> bool:
+    """An int seed of the counter-based dropout generator (not a bool, not a Generator)."""
+    return isinstance(rng, (int, np.integer)) and not isinstance(rng, (bool, np.bool_))
+
+
+def seeded(c: Call) -> Call:
+    """``c`` with its dropout seed drawn now (``rng=None``), so the backward pass redraws the same
+    masks: from torch's global generator for torch tensors, else from NumPy's entropy."""
+    if c.dropout == 0 or c.rng is not None:
+        return c
+    if is_torch(c.q):
+        import torch
+
+        return c._replace(rng=int(torch.randint(0, 2**62, (), dtype=torch.int64)))
+    return c._replace(rng=int(np.random.default_rng().integers(0, 2**62)))
+
+
 def _autograd(c: Call) -> bool:
     return any(getattr(x, "requires_grad", False) for x in (c.q, c.k, c.v))
 
 
 def supports(c: Call) -> str | None:
-    if c.dropout > 0:
-        return "the flash kernel has no dropout"
+    if c.dropout > 0 and not (c.rng is None or is_seed(c.rng)):
+        return (
+            f"the flash kernel redraws its dropout masks from an int seed (counter-based), but rng is a "
+            f"{type(c.rng).__name__}: pass rng=<int> (or None)"
+        )
     if c.want_weights and any(getattr(x, "requires_grad", False) for x in (c.q, c.k, c.v)):
         return "the flash kernel's rebuilt weights carry no gradient"
-    if getattr(c.bias, "requires_grad", False):
-        return "the flash kernel gives no gradient to a float mask that requires grad"
     if c.score_mod is not None and any(getattr(t, "requires_grad", False) for t in c.score_mod.tensors):
         return "the flash kernel gives no gradient to a score mod's learnable tensors"
     if c.score_mod is not None and c.score_mod.opaque and _autograd(c):
@@ -163,6 +183,14 @@ class _Tiles:
         self.bad_k = bad_rows(xp, k)  # key rows holding NaN / inf: (*B, Hkv, Nk), or None (the usual case)
         # hide with where() when a hidden key or bias entry may be non-finite (NaN + -inf is NaN)
         self.exact_hide = self.bad_k is not None or (c.bias is not None and bad_rows(xp, c.bias) is not None)
+
+    def dropped(self, a: Array, q0: int, q1: int, k0: int, k1: int) -> Array:
+        """``a ∘ keep / (1 − p)`` for the tile's counter-based keep mask (``qkv._philox``)."""
+        c = self.c
+        b, h = index_grids(c.dims.score_shape[:-2], c.dims.has_heads)
+        keep = keep_mask(int(c.rng), c.dropout, b, h, np.arange(q0, q1)[:, None], np.arange(k0, k1)[None, :])
+        keep = from_numpy(np.broadcast_to(keep, tuple(a.shape)), a)
+        return self.xp.where(keep, a * (1.0 / (1.0 - c.dropout)), self.xp.zeros_like(a))
 
     def key_block(self, k0: int, k1: int) -> Array:
         """``k[k0:k1]`` in the compute dtype, non-finite rows zeroed (for ``dQ = dS K``: ``dS`` is
@@ -241,7 +269,9 @@ def forward(c: Call) -> Result:
             vb = vg[..., k0:k1, :]
             if vb.dtype != ct:
                 vb = xp.astype(vb, ct)
-            l = l * alpha + xp.sum(p, axis=-1, keepdims=True)
+            l = l * alpha + xp.sum(p, axis=-1, keepdims=True)  # the denominator sees every weight
+            if c.dropout > 0:  # only what reaches V is dropped (inverted dropout, arXiv:2307.08691 §3.1)
+                p = tiles.dropped(p, q0, q1, k0, k1)
             bad = None if bad_v is None else bad_v[..., k0:k1]
             acc = acc * alpha + ungroup(xp, _values(xp, group_q(xp, p, d), vb, bad), d)
             m = m_new
@@ -265,12 +295,15 @@ def _weights(xp: Any, c: Call, lse: Array, tiles: _Tiles, classes: np.ndarray, b
                 cols.append(xp.zeros((*d.score_shape[:-2], q1 - q0, k1 - k0), dtype=lse.dtype))
                 continue
             s, _ = tiles.scores(q0, q1, k0, k1, int(classes[bi, bj]))
-            cols.append(recomputed(xp, s, lse[..., q0:q1]))
+            a = recomputed(xp, s, lse[..., q0:q1])
+            cols.append(tiles.dropped(a, q0, q1, k0, k1) if c.dropout > 0 else a)
         rows.append(xp.concat(cols, axis=-1))
     return xp.astype(xp.concat(rows, axis=-2), c.q.dtype)
 
 
-def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = None) -> tuple[Array, Array, Array]:
+def backward(
+    dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = None, dbias: bool = False
+) -> tuple[Array, ...]:
     """Gradients by tiles, recomputing ``A = exp(S - lse)`` (FlashAttention-2, Algorithm 2).
 
     ``D = rowsum(dO ∘ O)``; per tile ``dV += Aᵀ dO``, ``dS = A ∘ (dO Vᵀ − D + dlse)`` through
@@ -293,6 +326,7 @@ def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = 
     dq = xp.zeros((*lead, d.nq, d.dk), dtype=ct)
     dk = xp.zeros((*kv_lead, d.nk, d.dk), dtype=ct)
     dv = xp.zeros((*kv_lead, d.nk, d.dv), dtype=ct)
+    db_bias = xp.zeros(tuple(c.bias.shape), dtype=ct) if dbias and c.bias is not None else None
     kblocks = _blocks(d.nk, block_k)
     for bi, (q0, q1) in enumerate(_blocks(d.nq, block_q)):
         dob, sh = cast(xp, dout[..., q0:q1, :], ct), shift[..., q0:q1, :]
@@ -314,8 +348,15 @@ def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = 
             if bad_v is not None:  # dA = dO Vᵀ with a non-finite value row as 0 (reference.grad_weights)
                 vb = zeroed(xp, vb, bad_v[..., k0:k1])
             rows = (..., slice(k0, k1), slice(None))
-            dv = iadd_(dv, rows, group_q(xp, a, d).mT @ dog, inplace)
-            ds = a * (ungroup(xp, dog @ vb.mT, d) - db)
+            da = ungroup(xp, dog @ vb.mT, d)  # dA of the weights that reached V
+            if c.dropout > 0:  # the same mask as the forward pass: O = (A ∘ Z) V, Z = keep / (1 − p)
+                dv = iadd_(dv, rows, group_q(xp, tiles.dropped(a, q0, q1, k0, k1), d).mT @ dog, inplace)
+                da = tiles.dropped(da, q0, q1, k0, k1)
+            else:
+                dv = iadd_(dv, rows, group_q(xp, a, d).mT @ dog, inplace)
+            ds = a * (da - db)  # D = rowsum(dO ∘ O) = rowsum(dA ∘ A) with or without dropout
+            if db_bias is not None:  # the bias is added after the score mod: its gradient is dS itself
+                db_bias = _add_bias_grad(xp, db_bias, ds, q0, q1, k0, k1, inplace)
             ds = through(ds, grad)
             dq_acc = dq_acc + ungroup(xp, group_q(xp, ds, d) @ kb, d)
             dk = iadd_(dk, rows, group_q(xp, ds, d).mT @ qb, inplace)
@@ -323,4 +364,13 @@ def backward(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = 
         dq = set_(dq, (..., slice(q0, q1), slice(None)), dq_acc, inplace)
     dq = imul_(dq, c.scale, inplace)  # in place: no second N x D buffer
     dk = imul_(dk, c.scale, inplace)
-    return tuple(cast(xp, unbroadcast(xp, g, tuple(x.shape)), x.dtype) for g, x in ((dq, c.q), (dk, c.k), (dv, c.v)))
+    grads = tuple(cast(xp, unbroadcast(xp, g, tuple(x.shape)), x.dtype) for g, x in ((dq, c.q), (dk, c.k), (dv, c.v)))
+    return grads if db_bias is None else (*grads, cast(xp, db_bias, c.bias.dtype))  # type: ignore[union-attr]
+
+
+def _add_bias_grad(xp: Any, dbias: Array, ds: Array, q0: int, q1: int, k0: int, k1: int, inplace: bool) -> Array:
+    """``dbias[tile] += dS`` summed over the axes the bias broadcasts along (``unbroadcast``)."""
+    rows = slice(q0, q1) if dbias.shape[-2] != 1 else slice(None)
+    cols = slice(k0, k1) if dbias.shape[-1] != 1 else slice(None)
+    shape = (*dbias.shape[:-2], q1 - q0 if dbias.shape[-2] != 1 else 1, k1 - k0 if dbias.shape[-1] != 1 else 1)
+    return iadd_(dbias, (..., rows, cols), unbroadcast(xp, ds, shape), inplace)

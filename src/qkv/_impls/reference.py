@@ -8,7 +8,7 @@ arXiv:1706.03762, eq. 1):
     S = score_mod(S)            modded          positions aligned bottom-right
     S = S + bias                biased
     S = where(mask, S, -inf)    masked          True = may attend
-    A = softmax(S)              normalised      all -inf row -> zeros, lse = -inf
+    A = softmax(S)              normalised      all -inf row -> zeros, lse = -inf; sinks join the sum
     A = dropout(A)              dropped
     O = A V                     output          (*B, H, Nq, Dv)
 
@@ -32,6 +32,7 @@ import numpy as np
 from .._backend import compute_dtype, from_numpy, namespace, rand_uniform, unbroadcast
 from .._finite import bad_rows, hidden_to_inf, zeroed
 from .._heads import cast, group_q, ungroup
+from .._philox import index_grids, keep_mask
 from .._softmax import softmax_lse
 from .._typing import Array, Result
 from ..masks import Mask
@@ -72,17 +73,27 @@ def masked(xp: Any, s: Array, mask: Mask | None) -> Array:
     return hidden_to_inf(xp, s, ~from_numpy(mask.dense(s.shape[-2], s.shape[-1]), s))
 
 
-def normalised(xp: Any, s: Array) -> tuple[Array, Array]:
-    """``(A = softmax(S), lse)``; a row with nothing to attend gives zeros and ``lse = -inf``."""
-    return softmax_lse(xp, s)
+def normalised(xp: Any, s: Array, sinks: Array | None = None) -> tuple[Array, Array]:
+    """``(A = softmax(S), lse)``; a row with nothing to attend gives zeros and ``lse = -inf``.
+
+    ``sinks (*B, H, 1)``: one logit per head in every row's denominator, with no value (gpt-oss).
+    """
+    return softmax_lse(xp, s, sinks=None if sinks is None else sinks[..., None])
 
 
 def dropped(xp: Any, a: Array, c: Call) -> Array:
     """Inverted dropout (Srivastava et al. 2014): kept weights scaled by ``1/(1 − p)``, so
-    ``E[dropped(A)] = A``; the mask is drawn from ``c.rng``."""
+    ``E[dropped(A)] = A``; the mask is drawn from ``c.rng``: a generator of the array library,
+    or an int seed of the counter-based generator the flash kernel uses (``qkv._philox``: the
+    same seed gives the same mask on every impl)."""
     if c.dropout == 0:
         return a
-    keep = rand_uniform(c.rng, a, tuple(a.shape)) >= c.dropout
+    if isinstance(c.rng, (int, np.integer)) and not isinstance(c.rng, (bool, np.bool_)):
+        b, h = index_grids(c.dims.score_shape[:-2], c.dims.has_heads)
+        i, j = np.arange(c.dims.nq)[:, None], np.arange(c.dims.nk)[None, :]
+        keep = from_numpy(np.broadcast_to(keep_mask(int(c.rng), c.dropout, b, h, i, j), tuple(a.shape)), a)
+    else:
+        keep = rand_uniform(c.rng, a, tuple(a.shape)) >= c.dropout
     return xp.where(keep, a / (1.0 - c.dropout), xp.zeros_like(a))
 
 
@@ -162,7 +173,7 @@ def forward(c: Call) -> Result:
     ct = compute_dtype(xp, c.q)
     q, k, v = (cast(xp, x, ct) for x in (c.q, c.k, c.v))
     s, _ = final_scores(xp, c, q, k)
-    a, lse = normalised(xp, s)
+    a, lse = normalised(xp, s, c.sinks)
     a = dropped(xp, a, c)
     out = output(xp, a, v, c)
     weights = cast(xp, a, c.q.dtype) if c.want_weights else None

@@ -27,6 +27,8 @@ def supports(c: Call) -> str | None:
         return "it needs torch tensors (this call has NumPy arrays)"
     if c.want_weights or c.want_lse:
         return "torch SDPA returns neither the weights nor lse"
+    if c.sinks is not None:
+        return "torch SDPA has no attention sinks (and returns no lse to merge them with)"
     if c.dropout > 0 and c.rng is not None:
         return "torch SDPA draws dropout from torch's global generator and cannot take an rng"
     if c.score_mod is not None and c.score_mod.bias is None:

@@ -105,12 +105,12 @@ def heads(s: Array) -> int:
     return s.shape[-3] if s.ndim >= 3 else 1
 
 
-def per_head(xp: Any, values: Array, like: Array, what: str) -> Array:
-    """``values (H, ...)`` in the library and dtype of ``like``, checked against its head axis."""
+def per_head(xp: Any, values: Array, like: Array, what: str, axis: int = 0) -> Array:
+    """``values`` with heads on ``axis`` in the library and dtype of ``like``, checked against its head axis."""
     h = heads(like)
-    if values.shape[0] not in (1, h):
+    if values.shape[axis] not in (1, h):
         raise ShapeError(
-            f"{what} has {values.shape[0]} heads on axis 0 but the scores have H={h} on axis -3 "
+            f"{what} has {values.shape[axis]} heads on axis {axis} but the scores have H={h} on axis -3 "
             f"({what}: {tuple(values.shape)}, scores: {tuple(like.shape)})"
         )
     if kind(like) != kind(values):  # a NumPy table on torch / JAX scores, or the reverse

@@ -14,9 +14,10 @@ from ._mod import ScoreMod, additive_mod, heads, is_array, per_head
 def alibi(slopes: Any = None, n_heads: int | None = None) -> ScoreMod:
     """ALiBi (arXiv:2108.12409): add ``-slopes[h] · |p - j|`` to head ``h``'s scores.
 
-    ``slopes (H,)``; by default ``qkv.positional.alibi_slopes(H)`` with ``H = n_heads`` or,
-    if that is None too, the size of the scores' head axis. With a causal mask this is the
-    paper's ``-m · (i - j)``; without one it is symmetric.
+    ``slopes (H,)``, or ``(B, H)`` for slopes per batch element; by default
+    ``qkv.positional.alibi_slopes(H)`` with ``H = n_heads`` or, if that is None too, the size of
+    the scores' head axis. With a causal mask this is the paper's ``-m · (i - j)``; without one
+    it is symmetric.
     """
     from ..positional import alibi_slopes
 
@@ -24,10 +25,10 @@ def alibi(slopes: Any = None, n_heads: int | None = None) -> ScoreMod:
         n_heads = check_int(n_heads, "alibi n_heads", minimum=1)
     if slopes is not None:
         shape = tuple(slopes.shape) if hasattr(slopes, "shape") else np.shape(slopes)
-        if len(shape) != 1 or shape[0] == 0:
-            raise ShapeError(f"alibi slopes must be a vector (H,) with one slope per head, got shape {shape}")
-        if n_heads is not None and shape[0] != n_heads:
-            raise ShapeError(f"alibi got {shape[0]} slopes but n_heads={n_heads}")
+        if len(shape) not in (1, 2) or 0 in shape:
+            raise ShapeError(f"alibi slopes must be (H,) or (B, H), one slope per head, got shape {shape}")
+        if n_heads is not None and shape[-1] != n_heads:
+            raise ShapeError(f"alibi got {shape[-1]} slopes per row but n_heads={n_heads}")
 
     def bias(xp, s, i, j, nq, nk):
         h = heads(s)
@@ -36,9 +37,15 @@ def alibi(slopes: Any = None, n_heads: int | None = None) -> ScoreMod:
                 f"alibi(n_heads={n_heads}) but the scores have H={h} heads on axis -3 (scores: {tuple(s.shape)})"
             )
         m = alibi_slopes(h) if slopes is None else slopes
-        m = per_head(xp, m if is_array(m) else np.asarray(m, dtype=np.float64), s, "alibi slopes")
+        m = m if is_array(m) else np.asarray(m, dtype=np.float64)
+        m = per_head(xp, m, s, "alibi slopes", axis=m.ndim - 1)
+        if m.ndim == 2 and (s.ndim < 4 or m.shape[0] not in (1, s.shape[-4])):
+            raise ShapeError(
+                f"alibi slopes have shape {tuple(m.shape)} (B, H) but the scores have shape {tuple(s.shape)}: "
+                "per-batch slopes need scores (B, H, Nq, Nk) with the same B"
+            )
         dist = from_numpy(np.abs(i + (nk - nq) - j).astype(np.float64), s, s.dtype)
-        b = -xp.reshape(m, (-1, 1, 1)) * dist
+        b = -xp.reshape(m, (*m.shape, 1, 1)) * dist
         return b if s.ndim >= 3 else b[0]
 
     if slopes is None:
