@@ -87,6 +87,7 @@ def with_sinks(xp: Any, res: Result, sinks: Array) -> Result:
     the library's own ops, so autograd reaches ``sinks`` (and ``out``, ``lse`` of the impl).
     """
     lse = res.lse
+    assert lse is not None  # every impl without sinks of its own returns lse
     sink = xp.astype(sinks, lse.dtype)
     m = safe_max(xp, xp.maximum(lse, sink))
     lse2 = xp.log(xp.exp(lse - m) + xp.exp(sink - m)) + m

@@ -18,9 +18,10 @@ import numpy as np
 
 from .._checks import check_int
 from ..errors import ArgumentError, MaskError
-from ._data import document, global_tokens, padding, random_blocks
+from ._data import document, global_tokens, random_blocks
 from ._mask import Mask
 from ._positions import causal, dilated, prefix_lm, sliding_window
+from ._sequences import padding
 
 MASK_KINDS: tuple[str, ...] = (
     "none",

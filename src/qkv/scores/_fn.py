@@ -26,7 +26,12 @@ def _grids(s: Array, i: np.ndarray, j: np.ndarray) -> tuple[Array, Array, Array,
     heads = s.shape[-3] if s.ndim >= 3 else 1
     b = np.arange(math.prod(lead), dtype=np.int64).reshape(*lead, 1, 1, 1) if lead else np.zeros((), np.int64)
     h = np.arange(heads, dtype=np.int64).reshape(heads, 1, 1) if s.ndim >= 3 else np.zeros((), np.int64)
-    return tuple(from_numpy(np.ascontiguousarray(x), s) for x in (b, h, i, j))  # type: ignore[return-value]
+    return (
+        from_numpy(b, s),
+        from_numpy(h, s),
+        from_numpy(np.ascontiguousarray(i), s),
+        from_numpy(np.ascontiguousarray(j), s),
+    )
 
 
 def from_fn(fn: Callable[..., Any], grad: Callable[..., Any] | None = None, *, name: str | None = None) -> ScoreMod:
