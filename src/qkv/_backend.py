@@ -11,6 +11,7 @@ for them (``x.at[index].set(value)``); under ``jax.grad`` the inputs are tracers
 never reach NumPy (``as_array`` passes them through).
 """
 
+import contextlib
 from typing import Any
 
 import array_api_compat
@@ -30,6 +31,15 @@ def is_torch(x: Any) -> bool:
 def is_jax(x: Any) -> bool:
     """True for a ``jax.Array`` or a JAX tracer (without importing jax)."""
     return bool(array_api_compat.is_jax_array(x))
+
+
+def no_grad(x: Any) -> Any:
+    """A context in which torch records no graph (for ``x`` a torch tensor), else a no-op."""
+    if is_torch(x):
+        import torch
+
+        return torch.no_grad()
+    return contextlib.nullcontext()
 
 
 def is_traced(x: Any) -> bool:

@@ -9,7 +9,7 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from ._backend import as_array, compute_dtype, device, is_traced, namespace
+from ._backend import as_array, compute_dtype, device, is_traced, namespace, no_grad
 from ._finite import check_overflow
 from ._impls import Call, Dispatch, build_call
 from ._impls import dispatch as _dispatch
@@ -235,7 +235,7 @@ def run_backward(c: Call, dout: Any, out: Any, lse: Any, impl: str = "auto") -> 
             "lse holds NaN: the forward pass gave NaN (NaN or inf in its inputs), which has no gradient; "
             "attention_backward needs the out and lse of a finite forward pass"
         )
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), no_grad(c.q):  # an analytic backward: the gradients carry no graph
         grads = tuple(chosen.backward(dout, c, out, lse))
     check_overflow(xp, grads[0], c.q, c.k, c.v, c.bias, dout, out, scale=c.scale)
     return grads
