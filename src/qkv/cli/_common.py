@@ -65,8 +65,8 @@ class OneLineErrors(TyperGroup):
         **extra: Any,
     ) -> Any:
         try:
-            super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
-            code = 0
+            rv = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
+            code = rv if isinstance(rv, int) else 0  # not standalone: click returns an Exit's code
         except (QKVError, OSError) as e:
             typer.echo(f"error: {describe(e)}", err=True)
             code = BAD_INPUT
