@@ -16,7 +16,7 @@ import oracle as O
 import qkv
 from helpers import HAS_TORCH, assert_close, make_qkv, tiled_attention, tiled_backward
 from qkv import masks
-from qkv._impls import build_call, flash
+from qkv._impls import _flash_array, build_call, flash
 
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
 
@@ -24,7 +24,7 @@ needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
 def _count_tiles(monkeypatch):
     """Record every tile the kernel scores, and every tile whose mask it evaluates."""
     scored, evaluated = [], []
-    real_scores = flash._Tiles.scores
+    real_scores = _flash_array._Tiles.scores
 
     def scores(self, q0, q1, k0, k1, cls):
         scored.append((q0, k0))
@@ -32,7 +32,7 @@ def _count_tiles(monkeypatch):
             evaluated.append((q0, k0))
         return real_scores(self, q0, q1, k0, k1, cls)
 
-    monkeypatch.setattr(flash._Tiles, "scores", scores)
+    monkeypatch.setattr(_flash_array._Tiles, "scores", scores)
     return scored, evaluated
 
 

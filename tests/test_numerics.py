@@ -164,7 +164,7 @@ BAD = [  # (call, exception, words in the message)
     (lambda: masks.causal().blocks(8, 8, 2.5, 4), MaskError, "block_q must be an integer"),
     (lambda: masks.causal().blocks(8, 8, 2, 0), MaskError, "block_k must be an integer >= 1"),
     (lambda: scores.alibi(n_heads=0), ArgumentError, "alibi n_heads must be an integer >= 1, got 0"),
-    (lambda: scores.alibi(slopes=np.ones((2, 3, 4))), ShapeError, "alibi slopes must be a vector"),
+    (lambda: scores.alibi(slopes=np.ones((2, 3, 4))), ShapeError, "alibi slopes must be (H,) or (B, H)"),
     (lambda: qkv.attention(np.ones((3, 4)), np.ones((3, 4)), np.ones((3, 4)), causal=1), ArgumentError, "causal"),
     (lambda: qkv.attention(np.ones((3, 4)), np.ones((3, 4)), np.ones((3, 4)), impl="xyz"), ArgumentError, "impl"),
 ]
