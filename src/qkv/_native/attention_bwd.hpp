@@ -98,8 +98,9 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
         }
         C* qt = S.qt + lg * P.Dk * kLanes;
         C* dot = S.dot + lg * P.Dv * kLanes;
+        const C qf = C(q_prescale(P));
         for (int64_t d = 0; d < P.Dk; ++d)
-          for (int l = 0; l < kLanes; ++l) qt[d * kLanes + l] = S.qs[(lg * kLanes + l) * dkp + d];
+          for (int l = 0; l < kLanes; ++l) qt[d * kLanes + l] = S.qs[(lg * kLanes + l) * dkp + d] * qf;
         for (int64_t d = 0; d < P.Dv; ++d)
           for (int l = 0; l < kLanes; ++l) dot[d * kLanes + l] = S.dos[(lg * kLanes + l) * dvp + d];
         alignas(64) C lse2[kLanes], dd[kLanes];

@@ -65,9 +65,10 @@ template <class T, class C>
 static inline void load_qt(const Params& P, const LaneGroup& lg, C* qt) {
   std::memset(static_cast<void*>(qt), 0, sizeof(C) * size_t(P.Dk) * kLanes);
   const T* q = static_cast<const T*>(P.q.data);
+  const C f = C(q_prescale(P));
   for (int l = 0; l < lg.n; ++l) {
     const T* row = q + lg.b * P.q.s0 + lg.h[l] * P.q.s1 + lg.i[l] * P.q.s2;
-    for (int64_t d = 0; d < P.Dk; ++d) qt[d * kLanes + l] = to_c<C>(row[d]);
+    for (int64_t d = 0; d < P.Dk; ++d) qt[d * kLanes + l] = to_c<C>(row[d]) * f;
   }
 }
 
@@ -90,7 +91,10 @@ static inline typename VecOf<C>::V softmax_tile(const Params& P, const LaneGroup
   }
   const V ninf = vset1<V>(C(-INFINITY));
   V tmax = ninf;
-  for (int64_t jj = 0; jj < jn; ++jj) {
+  if (P.n_mods == 0 && !masked && !addt) {
+    // FULL tile, plain scores: they left the matmul final; only the row max is needed
+    for (int64_t jj = 0; jj < jn; ++jj) tmax = vmax(tmax, vload(st + jj * kLanes));
+  } else for (int64_t jj = 0; jj < jn; ++jj) {
     V s = score_row<V, false>(P, ml, vload(st + jj * kLanes), j0 + jj, addt ? addt + jj * kLanes : nullptr,
                               static_cast<V*>(nullptr));
     if (masked) {

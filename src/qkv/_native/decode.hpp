@@ -33,7 +33,7 @@ static void fwd_thin(const Params& P, FwdBufs<T>& S, const LaneGroup& lg, int64_
   const T* q = static_cast<const T*>(P.q.data);
   for (int l = 0; l < lg.n; ++l) {
     const T* row = q + lg.b * P.q.s0 + lg.h[l] * P.q.s1 + lg.i[l] * P.q.s2;
-    for (int64_t d = 0; d < P.Dk; ++d) qr[l * dkp + d] = to_c<C>(row[d]);
+    for (int64_t d = 0; d < P.Dk; ++d) qr[l * dkp + d] = to_c<C>(row[d]) * C(q_prescale(P));
   }
   C* m_run = S.ml;
   C* l_run = S.ml + kLanes;

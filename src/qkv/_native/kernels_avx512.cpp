@@ -41,20 +41,19 @@ static inline MF vand(MF x, MF y) { return {__mmask16(x.a & y.a)}; }
 static inline VF vsel(MF m, VF x, VF y) { return {_mm512_mask_blend_ps(m.a, y.a, x.a)}; }
 static inline float vhsum(VF x) { return _mm512_reduce_add_ps(x.a); }
 
-// 2^x: as the AVX2 path (degree-7 Taylor on |f| <= 1/2), with scalef for the 2^n factor.
+// 2^x: as the AVX2 path (degree-6 fit on |f| <= 1/2), with scalef for the 2^n factor.
 static inline VF vexp2(VF v) {
   const __m512 lo = _mm512_set1_ps(-125.0f);
   const __mmask16 ok = _mm512_cmp_ps_mask(v.a, lo, _CMP_GE_OQ);
   const __m512 x = _mm512_min_ps(_mm512_max_ps(v.a, lo), _mm512_set1_ps(127.0f));
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.525273380405984e-05f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.540353039338161e-04f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.333355814642844e-03f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-03f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-02f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265069591007e-01f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471805599453e-01f));
+  __m512 p = _mm512_set1_ps(0.00015332507609855384f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0013394701527431607f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.009618490934371948f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.055503424257040024f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022647738456726f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471824645996f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   return {_mm512_maskz_scalef_ps(ok, p, n)};
 }

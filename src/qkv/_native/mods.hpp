@@ -54,6 +54,11 @@ static bool build_additive(const Params& P, const LaneGroup& lg, const TileMask&
   return true;
 }
 
+// Factor folded into Q^T before the S = K Q^T micro-kernel: with no mods, scale * log2 e (the
+// scores come out of the matmul in log2 units, no per-score multiply); with mods, 1 (the mods need
+// s = (q.k) * scale in natural units, multiplied in score_row).
+static inline double q_prescale(const Params& P) { return P.n_mods == 0 ? P.scale * kLog2e : 1.0; }
+
 template <class V, class C>
 static inline V vtanh_lanes(V x) {
   alignas(64) C t[kLanes];
@@ -62,12 +67,11 @@ static inline V vtanh_lanes(V x) {
   return vload(t);
 }
 
-// Raw dot products of row jj (16 lanes) -> scores in log2 units. WANT_D: *d = product of the
+// Dot products of row jj (16 lanes; pre-scaled by q_prescale) -> scores in log2 units. WANT_D: *d = product of the
 // mods' derivatives.
 template <class V, bool WANT_D, class C>
 static inline V score_row(const Params& P, const ModLanes<C>& ml, V x, int64_t j, const C* add_row, V* d) {
-  if (P.n_mods == 0) {
-    x = vmul(x, vset1<V>(C(P.scale * kLog2e)));
+  if (P.n_mods == 0) {  // q was pre-multiplied by scale * log2 e (q_prescale): x is already s * log2 e
     if (add_row) x = vfma(vload(add_row), vset1<V>(C(kLog2e)), x);
     if (WANT_D) *d = vset1<V>(C(1));
     return x;
