@@ -74,7 +74,8 @@ def test_classes_with_intervals_and_bitmaps(isa, rng, nq, nk):
     cases = [
         ({"tile_class": tc}, dict(tile_class=tc)),
         ({"tile_class": tc, "rows": rows}, dict(tile_class=tc, rows=rows)),
-        ({"tile_class": tc, "bitmap_index": bi, "bitmaps": bitmaps}, dict(tile_class=tc, bitmap_index=bi, bitmaps=bitmaps)),
+        ({"tile_class": tc, "bitmap_index": bi, "bitmaps": bitmaps},
+         dict(tile_class=tc, bitmap_index=bi, bitmaps=bitmaps)),
         ({"tile_class": tc, "rows": rows, "bitmap_index": bi, "bitmaps": bitmaps},
          dict(tile_class=tc, rows=rows, bitmap_index=bi, bitmaps=bitmaps)),
     ]
