@@ -102,3 +102,23 @@ def test_unloadable_module_means_unavailable_not_import_error(lib, tmp_path):
     r = subprocess.run([sys.executable, "-c", FALLBACK], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "qkv._native._ext" in r.stdout and "raised" in r.stdout
+
+
+FORK = """
+import os, numpy as np
+from qkv import _native as native
+q = np.ones((1, 2, 40, 8), np.float32); out = np.empty_like(q); lse = np.empty((1, 2, 40), np.float32)
+native.forward(q, q, q, out, lse, scale=1.0, threads=2)      # the pool exists in the parent
+pid = os.fork()
+if pid == 0:
+    native.forward(q, q, q, out, lse, scale=1.0, threads=2)  # and works in the child
+    os._exit(0 if np.allclose(out, 1.0) else 3)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_thread_pool_survives_fork():
+    r = subprocess.run([sys.executable, "-c", FORK], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "child 0" in r.stdout, r.stdout + r.stderr

@@ -47,7 +47,7 @@ def check(q, k, v, mask_kw, allowed, threads=2, grads=True):
 
 
 @pytest.mark.parametrize("kind", ["causal", "window", "docs", "random"])
-@pytest.mark.parametrize("nq,nk", [(150, 150), (100, 300), (9, 260)])
+@pytest.mark.parametrize("nq,nk", [(150, 150), (100, 300), (9, 260), (70, 1300)])  # 1300: long ranges
 def test_intervals_alone(isa, rng, kind, nq, nk):
     q, k, v = make_qkv(rng, 2, 2, 1, nq, nk, 24, 16)
     rows = intervals(nq, nk, kind, rng, 2, 2)

@@ -1,7 +1,7 @@
 // Forward tile loop: FlashAttention-2 (Dao, arXiv:2307.08691), Algorithm 1, on the CPU.
 //
 // A work item is a set of up to 4 lane groups (64 (head, query) rows sharing one kv head) and a
-// key range. For each BK-key tile of the range, each lane group computes its transposed score
+// key range (tiles on the lead's BK grid when it gave tile classes; else from the range's first key). For each BK-key tile of the range, each lane group computes its transposed score
 // tile S^T (BK x 16) with the micro-kernel, turns it into scores (mods, bias, mask; log2 units),
 // updates its running max m and sum l (Alg. 1 lines 8-10: vertical ops, 16 queries per vector),
 // rescales its O^T accumulator by exp2(m_old - m_new) and adds V^T P^T. The BK x Nq score matrix
@@ -192,7 +192,7 @@ static void fwd_rowset(const Params& P, FwdBufs<T>& S, const LaneGroup* lgs, int
   }
   const int64_t b = lgs[0].b, kvh = lgs[0].g;
   for (int64_t j0 = ka; j0 < kz; j0 += P.bk) {
-    const int64_t jn = imin(P.bk, P.Nk - j0), kb = j0 / P.bk;
+    const int64_t jn = imin(P.bk, kz - j0), kb = j0 / P.bk;
     bool any = false;
     for (int g = 0; g < nlg; ++g) { classify(P, lgs[g], kb, j0, jn, tm[g]); any = any || tm[g].mode != TILE_SKIP; }
     if (!any) continue;

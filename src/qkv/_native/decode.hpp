@@ -46,7 +46,7 @@ static void fwd_thin(const Params& P, FwdBufs<T>& S, const LaneGroup& lg, int64_
   const bool copy_k = !std::is_same_v<T, C> || P.Dk % kLanes != 0;
   const bool copy_v = !std::is_same_v<T, C> || P.Dv % kLanes != 0;
   for (int64_t j0 = ka; j0 < kz; j0 += P.bk) {
-    const int64_t jn = imin(P.bk, P.Nk - j0), kb = j0 / P.bk;
+    const int64_t jn = imin(P.bk, kz - j0), kb = j0 / P.bk;
     classify(P, lg, kb, j0, jn, tm);
     if (tm.mode == TILE_SKIP) continue;
     int64_t ldk, ldv;

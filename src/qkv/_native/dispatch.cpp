@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string>
 
+#include <unistd.h>
+
 #include "dispatch.hpp"
 #include "threads.hpp"
 
@@ -22,7 +24,17 @@ extern const KernelTable kTableAvx512;
 
 ThreadPool& ThreadPool::instance() {
   // Leaked on purpose: joining threads from a static destructor at interpreter exit can deadlock.
-  static ThreadPool* pool = new ThreadPool();
+  // After fork() (multiprocessing, DataLoader workers) the child has none of the parent's worker
+  // threads and maybe a mutex locked by one of them: it gets a fresh pool, the old one is leaked.
+  static ThreadPool* pool = nullptr;
+  static pid_t owner = 0;
+  static std::mutex mu;  // two Python threads (GIL released) may arrive here first together
+  std::lock_guard<std::mutex> lk(mu);
+  const pid_t me = getpid();
+  if (!pool || owner != me) {
+    pool = new ThreadPool();
+    owner = me;
+  }
   return *pool;
 }
 
