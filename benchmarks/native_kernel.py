@@ -215,7 +215,19 @@ def case_long(reps):
     print(f"| exact causal fwd N={n} H=1 D=64 | {t:.1f} s ({fl / t / 1e9:.0f} GFLOP/s) | | | < 60 s |", flush=True)
 
 
-CASES = {"dense": case_dense, "sparse": case_sparse, "decode": case_decode, "bf16": case_bf16,
+def case_micro(reps):
+    """Single-thread throughput of the tile step's pieces on L1-resident data (float32, 16 queries x
+    128 keys, D = 64), next to the core's register-only FMA peak: where the time of a miss goes."""
+    names = ((4, "register-only FMA peak", "GFLOP/s"), (0, "S^T = K Q^T micro-kernel", "GFLOP/s"),
+             (1, "O^T += V^T P^T micro-kernel", "GFLOP/s"), (2, "vectorised exp2", "G exp/s"),
+             (3, "whole tile step (S, softmax, rescale, P.V)", "GFLOP/s"))
+    for kind, name, unit in names:
+        vals = [native._ext._microbench(kind, 3000) for _ in range(max(3, reps))]
+        print(f"| micro: {name} (1 thread) | {np.median(vals):.1f} {unit} (max {max(vals):.1f}) | | | |",
+              flush=True)
+
+
+CASES = {"micro": case_micro, "dense": case_dense, "sparse": case_sparse, "decode": case_decode, "bf16": case_bf16,
          "threads": case_threads, "memory": case_memory, "long": case_long}
 
 

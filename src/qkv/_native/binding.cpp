@@ -433,5 +433,11 @@ NB_MODULE(_ext, m) {
         nb::arg("mods") = nb::tuple(), nb::arg("bias").none() = nb::none(), nb::arg("dropout_p") = 0.0,
         nb::arg("seed") = 0, nb::arg("threads") = 1);
   m.def("philox_keep_into", &philox_keep_into);
+  m.def("_microbench", [](int kind, int64_t reps) {
+    if (kind < 0 || kind > 4 || reps < 1) value_error("_microbench(kind in 0..4, reps >= 1)");
+    const KernelTable* t = current();
+    nb::gil_scoped_release release;
+    return t->microbench(kind, reps);
+  });
   m.def("philox4x32", &philox4x32);
 }

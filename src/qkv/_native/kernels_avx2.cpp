@@ -125,5 +125,6 @@ static inline void cvt_f16_row(const uint16_t* s, float* d, int64_t n) {
 #include "kernels_impl.hpp"
 
 namespace qkv_native {
-extern const KernelTable kTableAvx2 = {"avx2", &avx2::forward_entry, &avx2::backward_entry};
+extern const KernelTable kTableAvx2 = {"avx2", &avx2::forward_entry, &avx2::backward_entry,
+                                         &avx2::microbench};
 }

@@ -99,5 +99,6 @@ static inline void cvt_f16_row(const uint16_t* s, float* d, int64_t n) {
 #include "kernels_impl.hpp"
 
 namespace qkv_native {
-extern const KernelTable kTableAvx512 = {"avx512", &avx512::forward_entry, &avx512::backward_entry};
+extern const KernelTable kTableAvx512 = {"avx512", &avx512::forward_entry, &avx512::backward_entry,
+                                         &avx512::microbench};
 }

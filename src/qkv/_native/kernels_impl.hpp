@@ -5,6 +5,9 @@
 #include "attention_fwd.hpp"
 #include "decode.hpp"
 
+#include <cstdio>
+#include <ctime>
+
 namespace qkv_native {
 inline namespace QKV_NS {
 
@@ -220,6 +223,68 @@ static bool backward_impl(const Params& P) {
   for (int t = 1; t < J.nt; ++t) std::free(parts[t]);
   std::free(J.Dbuf);
   return ok;
+}
+
+// ------------------------------------------------------------------ micro-benchmarks
+
+// Throughput of the pieces of one (16 queries x 128 keys, Dk = Dv = 64) float32 tile step on
+// L1-resident data, single thread, for the benchmark report: 0: S^T = K Q^T, 1: O^T += V^T P^T
+// (GFLOP/s), 2: exp2 (G exp/s), 3: the whole step (S, softmax, rescale, P.V; GFLOP/s),
+// 4: register-only FMAs (the core's peak GFLOP/s, for comparison).
+static double microbench(int kind, int64_t reps) {
+  using V = VF;
+  constexpr int64_t bk = kBlockK, D = 64;
+  Arena a;
+  if (!a.alloc(1, sizeof(float) * size_t(bk * D * 2 + D * kLanes * 2 + bk * kLanes + 4 * kLanes))) return 0.0;
+  float* kt = reinterpret_cast<float*>(a.at(0));
+  float* vt = kt + bk * D;
+  float* qt = vt + bk * D;
+  float* ot = qt + D * kLanes;
+  float* st = ot + D * kLanes;
+  float* ml = st + bk * kLanes;
+  for (int64_t x = 0; x < bk * D; ++x) { kt[x] = float(x % 7) * 0.01f; vt[x] = float(x % 5) * 0.01f; }
+  for (int64_t x = 0; x < D * kLanes; ++x) qt[x] = float(x % 3) * 0.01f;
+  for (int64_t x = 0; x < bk * kLanes; ++x) st[x] = -float(x % 11);
+  Params P;
+  P.Nq = P.Nk = 1 << 20; P.bk = int(bk);
+  LaneGroup lg; lg.n = kLanes;
+  for (int l = 0; l < kLanes; ++l) { lg.h[l] = 0; lg.i[l] = l; }
+  TileMask tm; tm.mode = TILE_FULL;
+  ModLanes<float> mlanes;
+  mod_lanes_init(P, lg, mlanes);
+  vstore(ml, vset1<V>(-INFINITY)); vstore(ml + kLanes, vzero<V>());
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  V sink = vzero<V>();
+  for (int64_t r = 0; r < reps; ++r) {
+    if (kind == 0) gemm16<false>(st, kLanes, kt, D, 1, qt, kLanes, bk, D);
+    else if (kind == 1) gemm16<true>(ot, kLanes, vt, 1, D, st, kLanes, D, bk);
+    else if (kind == 4) {  // register-only FMA peak: 6 x 16 lanes of independent chains
+      V acc[6];
+      for (int m = 0; m < 6; ++m) acc[m] = vset1<V>(float(m));
+      const V b = vset1<V>(0.999f), c = vset1<V>(1e-7f);
+      for (int64_t x = 0; x < bk * D; ++x)
+#pragma GCC unroll 6
+        for (int m = 0; m < 6; ++m) acc[m] = vfma(acc[m], b, c);
+      for (int m = 0; m < 6; ++m) sink = vadd(sink, acc[m]);
+    } else if (kind == 2) for (int64_t jj = 0; jj < bk; ++jj) sink = vadd(sink, vexp2(vload(st + jj * kLanes)));
+    else {
+      gemm16<false>(st, kLanes, kt, D, 1, qt, kLanes, bk, D);
+      const V alpha = softmax_tile<float, float>(P, lg, mlanes, tm, 0, bk, st, nullptr, ml, ml + kLanes);
+      for (int64_t d = 0; d < D; ++d) vstore(ot + d * kLanes, vmul(vload(ot + d * kLanes), alpha));
+      gemm16<true>(ot, kLanes, vt, 1, D, st, kLanes, D, bk);
+    }
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  alignas(64) float s[kLanes];
+  vstore(s, sink);
+  if (s[0] == 12345.0f) std::printf("%g\n", double(ot[0]));  // keep the work
+  const double sec = double(t1.tv_sec - t0.tv_sec) + 1e-9 * double(t1.tv_nsec - t0.tv_nsec);
+  const double per = kind == 2 ? double(bk * kLanes)
+                     : kind == 3 ? 4.0 * bk * kLanes * D
+                     : kind == 4 ? 6.0 * 2 * kLanes * bk * D
+                                 : 2.0 * bk * kLanes * D;
+  return per * double(reps) / sec / 1e9;
 }
 
 // ------------------------------------------------------------------ dtype dispatch

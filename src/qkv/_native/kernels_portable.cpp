@@ -63,5 +63,6 @@ static inline void cvt_f16_row(const uint16_t* s, float* d, int64_t n) {
 #include "kernels_impl.hpp"
 
 namespace qkv_native {
-extern const KernelTable kTablePortable = {"portable", &portable::forward_entry, &portable::backward_entry};
+extern const KernelTable kTablePortable = {"portable", &portable::forward_entry, &portable::backward_entry,
+                                         &portable::microbench};
 }

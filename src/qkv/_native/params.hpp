@@ -87,6 +87,7 @@ struct KernelTable {
   const char* name;
   bool (*forward)(const Params&);   // false: out of memory (scratch could not be allocated)
   bool (*backward)(const Params&);
+  double (*microbench)(int kind, int64_t reps);  // benchmark report only (kernels_impl.hpp)
 };
 
 }  // namespace qkv_native
