@@ -1,0 +1,170 @@
+"""qkv's compiled CPU attention kernel: the low-level API behind ``impl="flash"``.
+
+FlashAttention-2 (Dao, arXiv:2307.08691) as a fused tile loop in C++ (``_ext``, built by
+scikit-build-core with nanobind): scores, online softmax and ``P·V`` never leave a tile; K and
+V are never copied (grouped heads share them); the GIL is released while it runs.
+
+Everything here works on arrays the caller allocates: ``forward`` and ``backward`` write into
+``out``/``lse`` and ``dq``/``dk``/``dv``. Inputs may be NumPy arrays, torch tensors (detached)
+or JAX arrays on the CPU; float32, float64, float16 and bfloat16. The arguments are checked in
+the extension; a bad one raises ``ValueError`` / ``TypeError`` naming it.
+
+If the extension could not be built or loaded, ``available()`` is False and ``reason()`` says
+why; nothing here raises on import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+EMPTY, PARTIAL, FULL = 0, 1, 2
+"""Tile classes (int8 values of ``tile_class``)."""
+
+_ext: Any = None
+_reason = ""
+
+
+def _load() -> None:
+    global _ext, _reason
+    path = os.environ.get("QKV_NATIVE_LIB")  # a separately built module (scripts/sanitize)
+    try:
+        if path:
+            spec = importlib.util.spec_from_file_location(__name__ + "._ext", path)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"QKV_NATIVE_LIB={path!r} is not a loadable extension module")
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = mod
+            spec.loader.exec_module(mod)
+            _ext = mod
+        else:
+            # import_module, not `from . import _ext`: the editable-install finder does not always set
+            # the package attribute, and the module-level name would shadow it
+            _ext = importlib.import_module(__name__ + "._ext")
+    except ImportError as e:  # not built (pure-Python install) or not loadable
+        _ext = None
+        missing = "No module named" in str(e) and "_ext" in str(e)
+        _reason = (
+            "the compiled kernel qkv._native._ext is not installed (the C++ build was skipped or failed; "
+            "reinstall with a C++17 compiler and CMake to get it)"
+            if missing
+            else f"the compiled kernel qkv._native._ext could not be loaded: {e}"
+        )
+    except Exception as e:  # noqa: BLE001 - any failure to load means "unavailable", never an import error
+        _ext = None
+        _reason = f"the compiled kernel qkv._native._ext failed to initialise: {type(e).__name__}: {e}"
+
+
+_load()
+
+
+def available() -> bool:
+    """Whether the compiled kernel is there and loaded."""
+    return _ext is not None
+
+
+def reason() -> str:
+    """Why the kernel is unavailable ("" when it is available)."""
+    return _reason
+
+
+def _need() -> Any:
+    if _ext is None:
+        raise RuntimeError(f"qkv._native is unavailable: {_reason}")
+    return _ext
+
+
+def isa() -> str:
+    """The instruction-set path in use: "avx512", "avx2" or "portable"."""
+    return str(_need().isa())
+
+
+def isas() -> tuple[str, ...]:
+    """The paths this CPU can run, best first ("portable" is always last)."""
+    return tuple(_need().isas())
+
+
+@contextlib.contextmanager
+def use_isa(name: str) -> Iterator[None]:
+    """Force the path ``name`` inside the ``with`` block (for tests); raises ValueError if this
+    CPU cannot run it. Process-wide: not for concurrent use with other threads' calls."""
+    ext = _need()
+    old = ext.isa()
+    ext.set_isa(name)
+    try:
+        yield
+    finally:
+        ext.set_isa(old)
+
+
+def tile_shape(nq: int, nk: int, dk: int, dv: int, dtype: str) -> tuple[int, int]:
+    """``(block_q, block_k)`` of a call with these sizes: the grid of ``tile_class``,
+    ``bitmap_index`` and ``bitmaps`` (``nbq = ceil(nq / block_q)``, ``nbk = ceil(nk / block_k)``)."""
+    bq, bk = _need().tile_shape(int(nq), int(nk), int(dk), int(dv), str(dtype))
+    return int(bq), int(bk)
+
+
+def _mods(mods: Sequence[tuple[Any, ...]]) -> tuple[tuple[Any, ...], ...]:
+    out = []
+    for m in mods:
+        if not isinstance(m, tuple) or not m:
+            raise TypeError(f"each mod must be a tuple like ('mul', c), got {m!r}")
+        if m[0] in ("alibi", "relbias") and len(m) >= 2 and not hasattr(m[1], "__dlpack__") and not isinstance(
+            m[1], np.ndarray
+        ):
+            m = (m[0], np.asarray(m[1], dtype=np.float64), *m[2:])
+        out.append(m)
+    return tuple(out)
+
+
+def forward(
+    q: Any, k: Any, v: Any, out: Any, lse: Any, *, scale: float, tile_class: Any = None, rows: Any = None,
+    bitmap_index: Any = None, bitmaps: Any = None, mods: Sequence[tuple[Any, ...]] = (), bias: Any = None,
+    dropout_p: float = 0.0, seed: int = 0, threads: int = 1,
+) -> None:
+    """Attention forward into ``out (B, H, Nq, Dv)`` and ``lse (B, H, Nq)`` (see the module doc
+    and the lead's contract for the argument layouts)."""
+    _need().forward(
+        q, k, v, out, lse, scale=float(scale), tile_class=tile_class, rows=rows, bitmap_index=bitmap_index,
+        bitmaps=bitmaps, mods=_mods(mods), bias=bias, dropout_p=float(dropout_p), seed=int(seed),
+        threads=int(threads),
+    )
+
+
+def backward(
+    q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, dq: Any, dk: Any, dv: Any, *, dlse: Any = None,
+    scale: float, tile_class: Any = None, rows: Any = None, bitmap_index: Any = None, bitmaps: Any = None,
+    mods: Sequence[tuple[Any, ...]] = (), bias: Any = None, dropout_p: float = 0.0, seed: int = 0,
+    threads: int = 1,
+) -> None:
+    """Gradients into ``dq (B, H, Nq, Dk)``, ``dk (B, Hkv, Nk, Dk)``, ``dv (B, Hkv, Nk, Dv)``
+    (float32; float64 for float64 inputs), recomputed from ``q, k, v, out, lse``."""
+    _need().backward(
+        q, k, v, out, lse, dout, dq, dk, dv, dlse=dlse, scale=float(scale), tile_class=tile_class, rows=rows,
+        bitmap_index=bitmap_index, bitmaps=bitmaps, mods=_mods(mods), bias=bias, dropout_p=float(dropout_p),
+        seed=int(seed), threads=int(threads),
+    )
+
+
+def philox_keep(seed: int, b: int, h: int, i0: int, i1: int, j0: int, j1: int, p: float) -> np.ndarray:
+    """The dropout keep-mask the kernel uses for queries ``[i0, i1)`` x keys ``[j0, j1)`` of batch
+    ``b``, head ``h``: bool ``(i1 - i0, j1 - j0)``. Philox4x32-10, key ``(seed & 0xffffffff,
+    seed >> 32)``, counter ``(j >> 2, i, h, b)``, word ``j & 3``, keep iff ``word >= T`` with
+    ``T = uint32(min(p·2^32, 2^32 − 1))``."""
+    if i1 < i0 or j1 < j0:
+        raise ValueError(f"philox_keep: need i0 <= i1 and j0 <= j1, got [{i0}, {i1}) x [{j0}, {j1})")
+    keep = np.empty((int(i1) - int(i0), int(j1) - int(j0)), dtype=bool)
+    _need().philox_keep_into(keep, int(seed) & 0xFFFFFFFFFFFFFFFF, int(b), int(h), int(i0), int(j0), float(p))
+    return keep
+
+
+__all__ = [
+    "EMPTY", "FULL", "PARTIAL", "available", "backward", "forward", "isa", "isas", "philox_keep", "reason",
+    "tile_shape", "use_isa",
+]

@@ -1,0 +1,230 @@
+// Forward tile loop: FlashAttention-2 (Dao, arXiv:2307.08691), Algorithm 1, on the CPU.
+//
+// A work item is a set of up to 4 lane groups (64 (head, query) rows sharing one kv head) and a
+// key range (tiles on the lead's BK grid when it gave tile classes; else from the range's first key). For each BK-key tile of the range, each lane group computes its transposed score
+// tile S^T (BK x 16) with the micro-kernel, turns it into scores (mods, bias, mask; log2 units),
+// updates its running max m and sum l (Alg. 1 lines 8-10: vertical ops, 16 queries per vector),
+// rescales its O^T accumulator by exp2(m_old - m_new) and adds V^T P^T. The BK x Nq score matrix
+// never exists; O is divided by l once at the end (Alg. 1 line 12), and lse = m + log l.
+// Parallelism: items are independent, handed out dynamically; each writes disjoint rows.
+#pragma once
+#include <cstdlib>
+
+#include "microkernel.hpp"
+#include "mods.hpp"
+#include "philox.hpp"
+
+namespace qkv_native {
+inline namespace QKV_NS {
+
+// ------------------------------------------------------------------ scratch
+
+// One aligned, zeroed block per thread, carved into named buffers; sized once per call.
+struct Arena {
+  char* base = nullptr;
+  size_t per_thread = 0;
+  ~Arena() { std::free(base); }
+  bool alloc(int threads, size_t bytes) {
+    per_thread = round_up(int64_t(bytes), 64);
+    base = static_cast<char*>(std::aligned_alloc(64, per_thread * size_t(threads)));
+    if (!base) return false;
+    std::memset(base, 0, per_thread * size_t(threads));
+    return true;
+  }
+  char* at(int tid) const { return base + per_thread * size_t(tid); }
+};
+
+struct Carver {
+  char* p;
+  size_t used = 0;
+  template <class C> C* take(int64_t n) {
+    C* r = reinterpret_cast<C*>(p + used);
+    used += size_t(round_up(n * int64_t(sizeof(C)), 64));
+    return r;
+  }
+};
+
+// ------------------------------------------------------------------ tiles of K and V
+
+// Rows [j0, j0 + jn) of a (b, g) slice of K or V as compute-type rows: the array itself when it
+// already is (no copy), else widened into `buf` with row stride ld_buf (zero padding untouched).
+template <class T, class C>
+static inline const C* kv_tile(const Strided& x, int64_t b, int64_t g, int64_t j0, int64_t jn, int64_t D,
+                               C* buf, int64_t ld_buf, bool force_copy, int64_t& ld) {
+  const T* base = static_cast<const T*>(x.data) + b * x.s0 + g * x.s1 + j0 * x.s2;
+  if constexpr (std::is_same_v<T, C>) {
+    if (!force_copy) { ld = x.s2; return base; }
+  }
+  for (int64_t jj = 0; jj < jn; ++jj) cvt_row(base + jj * x.s2, buf + jj * ld_buf, D);
+  ld = ld_buf;
+  return buf;
+}
+
+// Q^T [Dk][16] of a lane group (zero lanes beyond n).
+template <class T, class C>
+static inline void load_qt(const Params& P, const LaneGroup& lg, C* qt) {
+  std::memset(static_cast<void*>(qt), 0, sizeof(C) * size_t(P.Dk) * kLanes);
+  const T* q = static_cast<const T*>(P.q.data);
+  const C f = C(q_prescale(P));
+  for (int l = 0; l < lg.n; ++l) {
+    const T* row = q + lg.b * P.q.s0 + lg.h[l] * P.q.s1 + lg.i[l] * P.q.s2;
+    for (int64_t d = 0; d < P.Dk; ++d) qt[d * kLanes + l] = to_c<C>(row[d]) * f;
+  }
+}
+
+// ------------------------------------------------------------------ the online-softmax step
+
+// Raw S^T [jn][16] in st -> P^T in place; updates m, l (log2 units); returns alpha = exp2(m_old -
+// m_new) for the caller's O rescale. Dropout (inverted) is applied to P after the row sum, so l
+// and lse stay the pre-dropout ones.
+template <class T, class C>
+static inline typename VecOf<C>::V softmax_tile(const Params& P, const LaneGroup& lg, const ModLanes<C>& ml,
+                                                const TileMask& tm, int64_t j0, int64_t jn, C* st,
+                                                const C* addt, C* m_run, C* l_run) {
+  using V = typename VecOf<C>::V;
+  const bool masked = tm.mode == TILE_MASKED;
+  V lo = vzero<V>(), hi = vzero<V>();
+  if (masked) {
+    alignas(64) C a[kLanes], z[kLanes];
+    for (int l = 0; l < kLanes; ++l) { a[l] = C(tm.lo[l]); z[l] = C(tm.hi[l]); }
+    lo = vload(a); hi = vload(z);
+  }
+  const V ninf = vset1<V>(C(-INFINITY));
+  V tmax = ninf;
+  if (P.n_mods == 0 && !masked && !addt) {
+    // FULL tile, plain scores: they left the matmul final; only the row max is needed
+    for (int64_t jj = 0; jj < jn; ++jj) tmax = vmax(tmax, vload(st + jj * kLanes));
+  } else for (int64_t jj = 0; jj < jn; ++jj) {
+    V s = score_row<V, false>(P, ml, vload(st + jj * kLanes), j0 + jj, addt ? addt + jj * kLanes : nullptr,
+                              static_cast<V*>(nullptr));
+    if (masked) {
+      const V jv = vset1<V>(C(jj));
+      s = vsel(vand(vle(lo, jv), vlt(jv, hi)), s, ninf);
+    }
+    vstore(st + jj * kLanes, s);
+    tmax = vmax(tmax, s);
+  }
+  const V m_old = vload(m_run);
+  const V m_new = vmax(m_old, tmax);
+  // a row with nothing allowed yet keeps m = -inf; subtract 0 instead so exp2 sees -inf, not NaN
+  const V m_use = vsel(veq(m_new, ninf), vzero<V>(), m_new);
+  const V alpha = vexp2(vsub(m_old, m_use));
+  V sum = vzero<V>();
+  for (int64_t jj = 0; jj < jn; ++jj) {
+    const V p = vexp2(vsub(vload(st + jj * kLanes), m_use));
+    vstore(st + jj * kLanes, p);
+    sum = vadd(sum, p);
+  }
+  vstore(l_run, vfma(vload(l_run), alpha, sum));
+  vstore(m_run, m_new);
+  if (P.dropout_p > 0.0) {
+    const uint32_t thr = dropout_threshold(P.dropout_p);
+    const C inv = C(1.0 / (1.0 - P.dropout_p));
+    for (int l = 0; l < lg.n; ++l)
+      philox_row(P.seed, uint32_t(lg.b), uint32_t(lg.h[l]), uint32_t(lg.i[l]), j0, j0 + jn, thr,
+                 [&](int64_t j, bool keep) { st[(j - j0) * kLanes + l] *= keep ? inv : C(0); });
+  }
+  return alpha;
+}
+
+// Writes out rows (divided by l) and lse = (m + log2 l) ln 2; l = 0 -> zeros and -inf.
+// o(l, d) reads the accumulator of lane l.
+template <class T, class C, class Get>
+static inline void write_rows(const Params& P, const LaneGroup& lg, const C* m_run, const C* l_run, Get&& o) {
+  T* out = static_cast<T*>(P.out);
+  C* lse = static_cast<C*>(P.lse);
+  for (int l = 0; l < lg.n; ++l) {
+    const int64_t row = (lg.b * P.H + lg.h[l]) * P.Nq + lg.i[l];
+    T* dst = out + row * P.Dv;
+    if (!(l_run[l] > C(0))) {
+      for (int64_t d = 0; d < P.Dv; ++d) dst[d] = Narrow<T>::from(C(0));
+      lse[row] = C(-INFINITY);
+      continue;
+    }
+    const C inv = C(1) / l_run[l];
+    for (int64_t d = 0; d < P.Dv; ++d) dst[d] = Narrow<T>::from(o(l, d) * inv);
+    lse[row] = C((double(m_run[l]) + std::log2(double(l_run[l]))) * kLn2);
+  }
+}
+
+// Partial result of a key-range split (decode): per lane m, l (log2 units) and unnormalised O.
+template <class C> struct Partial {
+  C* m; C* l; C* o;  // o: [lane][Dv]
+};
+
+// ------------------------------------------------------------------ the wide path
+
+template <class T> struct FwdBufs {
+  using C = typename Compute<T>::type;
+  C *qt, *ot, *st, *addt, *kc, *vc, *ml, *qr, *orow;
+  static size_t bytes(const Params& P) {
+    const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes), n = 4;
+    const int64_t elems = n * P.Dk * kLanes + n * P.Dv * kLanes + 2 * P.bk * kLanes + P.bk * dkp + P.bk * dvp +
+                          2 * n * kLanes + kLanes * dkp + kLanes * dvp;
+    return size_t(elems) * sizeof(C) + 16 * 64;
+  }
+  void carve(const Params& P, char* p) {
+    Carver c{p};
+    const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes);
+    qt = c.take<C>(4 * P.Dk * kLanes); ot = c.take<C>(4 * P.Dv * kLanes);
+    st = c.take<C>(P.bk * kLanes); addt = c.take<C>(P.bk * kLanes);
+    kc = c.take<C>(P.bk * dkp); vc = c.take<C>(P.bk * dvp); ml = c.take<C>(2 * 4 * kLanes);
+    qr = c.take<C>(kLanes * dkp); orow = c.take<C>(kLanes * dvp);
+  }
+};
+
+// Up to 4 lane groups of one (b, g) against keys [ka, kz) (tile-aligned ka). part == nullptr:
+// write the final rows; else store the unnormalised partial (decode split).
+template <class T>
+static void fwd_rowset(const Params& P, FwdBufs<T>& S, const LaneGroup* lgs, int nlg, int64_t ka, int64_t kz,
+                       const Partial<typename Compute<T>::type>* part) {
+  using C = typename Compute<T>::type;
+  using V = typename VecOf<C>::V;
+  const int64_t Dv = P.Dv, dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes);
+  ModLanes<C> ml[4];
+  TileMask tm[4];
+  for (int g = 0; g < nlg; ++g) {
+    load_qt<T, C>(P, lgs[g], S.qt + g * P.Dk * kLanes);
+    std::memset(static_cast<void*>(S.ot + g * Dv * kLanes), 0, sizeof(C) * size_t(Dv) * kLanes);
+    vstore(S.ml + g * 2 * kLanes, vset1<V>(C(-INFINITY)));
+    vstore(S.ml + g * 2 * kLanes + kLanes, vzero<V>());
+    mod_lanes_init(P, lgs[g], ml[g]);
+  }
+  const int64_t b = lgs[0].b, kvh = lgs[0].g;
+  for (int64_t j0 = ka; j0 < kz; j0 += P.bk) {
+    const int64_t jn = imin(P.bk, kz - j0), kb = j0 / P.bk;
+    bool any = false;
+    for (int g = 0; g < nlg; ++g) { classify(P, lgs[g], kb, j0, jn, tm[g]); any = any || tm[g].mode != TILE_SKIP; }
+    if (!any) continue;
+    int64_t ldk, ldv;
+    const C* kp = kv_tile<T, C>(P.k, b, kvh, j0, jn, P.Dk, S.kc, dkp, false, ldk);
+    const C* vp = kv_tile<T, C>(P.v, b, kvh, j0, jn, P.Dv, S.vc, dvp, false, ldv);
+    for (int g = 0; g < nlg; ++g) {
+      if (tm[g].mode == TILE_SKIP) continue;
+      gemm16<false>(S.st, kLanes, kp, ldk, 1, S.qt + g * P.Dk * kLanes, kLanes, jn, P.Dk);
+      const bool has_add = build_additive(P, lgs[g], tm[g], j0, jn, S.addt);
+      C* m_run = S.ml + g * 2 * kLanes;
+      const V alpha = softmax_tile<T, C>(P, lgs[g], ml[g], tm[g], j0, jn, S.st, has_add ? S.addt : nullptr, m_run,
+                                         m_run + kLanes);
+      C* ot = S.ot + g * Dv * kLanes;
+      for (int64_t d = 0; d < Dv; ++d) vstore(ot + d * kLanes, vmul(vload(ot + d * kLanes), alpha));
+      gemm16<true>(ot, kLanes, vp, 1, ldv, S.st, kLanes, Dv, jn);
+    }
+  }
+  for (int g = 0; g < nlg; ++g) {
+    const C* m_run = S.ml + g * 2 * kLanes;
+    const C* ot = S.ot + g * Dv * kLanes;
+    if (part) {
+      for (int l = 0; l < kLanes; ++l) {
+        part->m[g * kLanes + l] = m_run[l];
+        part->l[g * kLanes + l] = m_run[kLanes + l];
+        for (int64_t d = 0; d < Dv; ++d) part->o[(g * kLanes + l) * Dv + d] = ot[d * kLanes + l];
+      }
+    } else {
+      write_rows<T, C>(P, lgs[g], m_run, m_run + kLanes, [&](int l, int64_t d) { return ot[d * kLanes + l]; });
+    }
+  }
+}
+
+}  // namespace QKV_NS
+}  // namespace qkv_native

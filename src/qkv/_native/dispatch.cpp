@@ -1,0 +1,140 @@
+// Runtime CPU dispatch and the thread pool: the only non-ISA C++ besides the binding.
+// The path is picked once, at load time, from __builtin_cpu_supports; QKV_NATIVE_ISA (or use_isa()
+// from Python) may force any path the CPU can run, for tests.
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include <unistd.h>
+
+#include "dispatch.hpp"
+#include "threads.hpp"
+
+namespace qkv_native {
+
+extern const KernelTable kTablePortable;
+#ifdef QKV_HAVE_AVX2
+extern const KernelTable kTableAvx2;
+#endif
+#ifdef QKV_HAVE_AVX512
+extern const KernelTable kTableAvx512;
+#endif
+
+// ------------------------------------------------------------------ thread pool
+
+ThreadPool& ThreadPool::instance() {
+  // Leaked on purpose: joining threads from a static destructor at interpreter exit can deadlock.
+  // After fork() (multiprocessing, DataLoader workers) the child has none of the parent's worker
+  // threads and maybe a mutex locked by one of them: it gets a fresh pool, the old one is leaked.
+  static ThreadPool* pool = nullptr;
+  static pid_t owner = 0;
+  static std::mutex mu;  // two Python threads (GIL released) may arrive here first together
+  std::lock_guard<std::mutex> lk(mu);
+  const pid_t me = getpid();
+  if (!pool || owner != me) {
+    pool = new ThreadPool();
+    owner = me;
+  }
+  return *pool;
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::worker(int id) {
+  unsigned long seen = 0;
+  for (;;) {
+    TaskFn fn;
+    void* ctx;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      wake_.wait(lk, [&] { return stop_ || (generation_ != seen && id <= active_); });
+      if (stop_) return;
+      seen = generation_;
+      fn = fn_;
+      ctx = ctx_;
+    }
+    fn(ctx, id);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::run(int n, TaskFn fn, void* ctx) {
+  if (n <= 1) { fn(ctx, 0); return; }
+  std::lock_guard<std::mutex> call(call_mu_);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    while (int(workers_.size()) < n - 1) {
+      const int id = int(workers_.size()) + 1;
+      workers_.emplace_back([this, id] { worker(id); });
+    }
+    fn_ = fn; ctx_ = ctx;
+    active_ = n - 1; pending_ = n - 1;
+    ++generation_;
+  }
+  wake_.notify_all();
+  fn(ctx, 0);
+  std::unique_lock<std::mutex> lk(mu_);
+  done_.wait(lk, [&] { return pending_ == 0; });
+}
+
+static void parallel(int n, TaskFn fn, void* ctx) { ThreadPool::instance().run(n, fn, ctx); }
+ParallelFn parallel_fn() { return &parallel; }
+
+// ------------------------------------------------------------------ ISA selection
+
+static bool cpu_has(const char* isa) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (!std::strcmp(isa, "avx2"))
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  if (!std::strcmp(isa, "avx512"))
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+#endif
+  return !std::strcmp(isa, "portable");
+}
+
+std::vector<const KernelTable*> runnable() {
+  std::vector<const KernelTable*> r;
+#ifdef QKV_HAVE_AVX512
+  if (cpu_has("avx512")) r.push_back(&kTableAvx512);
+#endif
+#ifdef QKV_HAVE_AVX2
+  if (cpu_has("avx2")) r.push_back(&kTableAvx2);
+#endif
+  r.push_back(&kTablePortable);
+  return r;
+}
+
+static const KernelTable* g_current = nullptr;
+
+const KernelTable* find_table(const char* name) {
+  for (const KernelTable* t : runnable())
+    if (!std::strcmp(t->name, name)) return t;
+  return nullptr;
+}
+
+const KernelTable* current() {
+  if (!g_current) {
+    g_current = runnable().front();  // best first
+    if (const char* env = std::getenv("QKV_NATIVE_ISA")) {
+      if (const KernelTable* t = find_table(env)) g_current = t;
+    }
+  }
+  return g_current;
+}
+
+void set_current(const KernelTable* t) { g_current = t; }
+
+}  // namespace qkv_native

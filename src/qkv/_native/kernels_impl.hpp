@@ -1,0 +1,311 @@
+// The two entry points of one ISA: work items, scratch and threads around the tile loops.
+// Included once by each kernels_<isa>.cpp, after its vector types.
+#pragma once
+#include "attention_bwd.hpp"
+#include "attention_fwd.hpp"
+#include "decode.hpp"
+
+#include <cstdio>
+#include <ctime>
+
+namespace qkv_native {
+inline namespace QKV_NS {
+
+static inline void run_parallel(const Params& P, int n, TaskFn fn, void* ctx) {
+  if (n <= 1 || !P.parallel) { fn(ctx, 0); return; }
+  P.parallel(n, fn, ctx);
+}
+
+// ------------------------------------------------------------------ forward
+
+// Longest key range (in tiles) of a 64-row block for which lane groups walk their own ranges.
+constexpr int64_t kLaneRangeMax = 8;
+
+template <class T> struct FwdJob {
+  using C = typename Compute<T>::type;
+  const Params* P;
+  Arena arena;
+  int64_t n_items = 0, next = 0;
+  // decode
+  bool decode = false, thin = false;
+  int64_t rows_per_kv = 0, chunks = 0, splits = 1, split_len = 0;
+  C* part_buf = nullptr;
+  int64_t part_stride = 0;  // elements per partial
+};
+
+// The lane groups of chunk `c` of the stacked (h, i) rows of (b, g) (decode) or of query block
+// qb of head h (prefill). Returns the number of lane groups (<= 4).
+template <class T>
+static int make_rowset(const Params& P, const FwdJob<T>& J, int64_t item, LaneGroup* lgs, int64_t& split) {
+  const int64_t group = P.H / P.Hkv;
+  split = 0;
+  if (J.decode) {
+    split = item % J.splits; item /= J.splits;
+    const int64_t c = item % J.chunks; item /= J.chunks;
+    const int64_t g = item % P.Hkv, b = item / P.Hkv;
+    const int64_t r0 = c * 4 * kLanes, nr = imin(4 * kLanes, J.rows_per_kv - r0);
+    const int nlg = int((nr + kLanes - 1) / kLanes);
+    for (int lg = 0; lg < nlg; ++lg) {
+      LaneGroup& L = lgs[lg];
+      L.b = b; L.g = g; L.n = int(imin(kLanes, nr - lg * kLanes));
+      for (int l = 0; l < kLanes; ++l) {
+        const int64_t r = r0 + lg * kLanes + (l < L.n ? l : 0);
+        L.h[l] = g * group + r / P.Nq; L.i[l] = r % P.Nq;
+      }
+    }
+    return nlg;
+  }
+  const int64_t nbq = (P.Nq + P.bq - 1) / P.bq;
+  const int64_t qb = item % nbq, bh = item / nbq, h = bh % P.H, b = bh / P.H;
+  const int64_t i0 = qb * P.bq, nr = imin(P.bq, P.Nq - i0);
+  const int nlg = int((nr + kLanes - 1) / kLanes);
+  for (int lg = 0; lg < nlg; ++lg) {
+    LaneGroup& L = lgs[lg];
+    L.b = b; L.g = h / group; L.n = int(imin(kLanes, nr - lg * kLanes));
+    for (int l = 0; l < kLanes; ++l) { L.h[l] = h; L.i[l] = i0 + lg * kLanes + (l < L.n ? l : 0); }
+  }
+  return nlg;
+}
+
+template <class T>
+static void fwd_task(void* ctx, int tid) {
+  using C = typename Compute<T>::type;
+  FwdJob<T>& J = *static_cast<FwdJob<T>*>(ctx);
+  const Params& P = *J.P;
+  FwdBufs<T> S;
+  S.carve(P, J.arena.at(tid));
+  LaneGroup lgs[4];
+  for (;;) {
+    const int64_t it = __atomic_fetch_add(&J.next, 1, __ATOMIC_RELAXED);
+    if (it >= J.n_items) break;
+    int64_t split;
+    const int nlg = make_rowset<T>(P, J, it, lgs, split);
+    int64_t ka, kz;
+    row_key_range(P, lgs, nlg, ka, kz);
+    if (P.rows && !P.tile_class && !J.decode && nlg > 1 && kz - ka <= kLaneRangeMax * P.bk) {
+      // Intervals alone and a short key range (sliding window, short documents): no tile grid to
+      // honour, so each lane group walks exactly the keys its 16 rows may see, from its own first
+      // key (a 256-key window costs ~272 keys per query instead of the 384-512 of tiles shared by
+      // 64 rows): measured 1.09x (window 256) and 1.16x (1k-token documents) at N=8192. Over long
+      // ranges (causal) sharing each K/V tile among the 4 lane groups wins instead (~10%).
+      for (int g = 0; g < nlg; ++g) {
+        int64_t a, z;
+        row_key_range(P, lgs + g, 1, a, z);
+        fwd_rowset<T>(P, S, lgs + g, 1, a, z, nullptr);
+      }
+      continue;
+    }
+    if (P.tile_class) ka = ka / P.bk * P.bk;  // tiles stay aligned to the lead's tile grid
+    Partial<C> part{}, *pp = nullptr;
+    if (J.decode && J.splits > 1) {
+      // fixed, tile-aligned split points: the same partials whichever thread runs them
+      const int64_t s0 = split * J.split_len, s1 = imin(P.Nk, s0 + J.split_len);
+      ka = imax(ka, s0); kz = imin(kz, s1);
+      C* base = J.part_buf + it * J.part_stride;
+      part.m = base; part.l = base + 4 * kLanes; part.o = base + 8 * kLanes;
+      pp = &part;
+    }
+    if (J.thin) fwd_thin<T>(P, S, lgs[0], ka, kz, pp);
+    else fwd_rowset<T>(P, S, lgs, nlg, ka, kz, pp);
+  }
+}
+
+template <class T>
+static bool forward_impl(const Params& P) {
+  using C = typename Compute<T>::type;
+  FwdJob<T> J;
+  J.P = &P;
+  const int threads = P.threads < 1 ? 1 : P.threads;
+  if (P.Nq <= kDecodeMaxNq) {
+    J.decode = true;
+    J.rows_per_kv = (P.H / P.Hkv) * P.Nq;
+    J.thin = J.rows_per_kv <= kThinMaxRows;
+    J.chunks = (J.rows_per_kv + 4 * kLanes - 1) / (4 * kLanes);
+    const int64_t base = P.B * P.Hkv * J.chunks, nkb = (P.Nk + P.bk - 1) / P.bk;
+    if (threads > 1 && base < 4 * threads) {
+      // enough parts for every thread to get ~4, but never below 4 tiles of keys per part
+      J.splits = imax(1, imin((4 * threads + base - 1) / base, nkb / 4));
+    }
+    J.split_len = ((nkb + J.splits - 1) / J.splits) * P.bk;
+    J.n_items = base * J.splits;
+    if (J.splits > 1) {
+      J.part_stride = 8 * kLanes + 4 * kLanes * P.Dv;
+      J.part_buf = static_cast<C*>(std::malloc(sizeof(C) * size_t(J.part_stride * J.n_items)));
+      if (!J.part_buf) return false;
+    }
+  } else {
+    J.n_items = P.B * P.H * ((P.Nq + P.bq - 1) / P.bq);
+  }
+  const int nt = int(imin(threads, J.n_items));
+  if (!J.arena.alloc(nt < 1 ? 1 : nt, FwdBufs<T>::bytes(P))) { std::free(J.part_buf); return false; }
+  run_parallel(P, nt, &fwd_task<T>, &J);
+  if (J.part_buf) {
+    LaneGroup lgs[4];
+    Partial<C> parts[1024];  // splits <= nkb / 4 and <= 4 * threads; threads <= 256 in binding
+    for (int64_t it = 0; it < J.n_items; it += J.splits) {
+      int64_t split;
+      const int nlg = make_rowset<T>(P, J, it, lgs, split);
+      for (int64_t s = 0; s < J.splits; ++s) {
+        C* base = J.part_buf + (it + s) * J.part_stride;
+        parts[s] = Partial<C>{base, base + 4 * kLanes, base + 8 * kLanes};
+      }
+      merge_partials<T>(P, lgs, nlg, int(J.splits), parts);
+    }
+    std::free(J.part_buf);
+  }
+  return true;
+}
+
+// ------------------------------------------------------------------ backward
+
+template <class T> struct BwdJob {
+  using C = typename Compute<T>::type;
+  const Params* P;
+  Arena arena;
+  int nt = 1;
+  int64_t n_items = 0, nkb = 0;
+  C* Dbuf = nullptr;
+  C** dq_part = nullptr;
+};
+
+template <class T>
+static void bwd_task(void* ctx, int tid) {
+  BwdJob<T>& J = *static_cast<BwdJob<T>*>(ctx);
+  const Params& P = *J.P;
+  BwdBufs<T> S;
+  S.carve(P, J.arena.at(tid));
+  for (int64_t it = tid; it < J.n_items; it += J.nt) {  // static: deterministic dQ partial sums
+    const int64_t kb = it % J.nkb, bg = it / J.nkb;
+    bwd_item<T>(P, S, bg / P.Hkv, bg % P.Hkv, kb, J.Dbuf, J.dq_part[tid]);
+  }
+}
+
+template <class T>
+static bool backward_impl(const Params& P) {
+  using C = typename Compute<T>::type;
+  BwdJob<T> J;
+  J.P = &P;
+  J.nkb = (P.Nk + P.bk - 1) / P.bk;
+  J.n_items = P.B * P.Hkv * J.nkb;
+  J.nt = int(imax(1, imin(P.threads, J.n_items)));
+  const int64_t rows = P.B * P.H * P.Nq, dq_n = rows * P.Dk;
+  // D_i = rowsum(dO o O) - dlse_i, summed in float64 (it is subtracted from dP: keep it exact)
+  J.Dbuf = static_cast<C*>(std::malloc(sizeof(C) * size_t(rows)));
+  C* parts[256] = {};
+  J.dq_part = parts;
+  if (!J.Dbuf) return false;
+  const T* o = static_cast<const T*>(P.out_s.data);
+  const T* dout = static_cast<const T*>(P.dout);
+  for (int64_t b = 0; b < P.B; ++b)
+    for (int64_t h = 0; h < P.H; ++h)
+      for (int64_t i = 0; i < P.Nq; ++i) {
+        const T* orow = o + b * P.out_s.s0 + h * P.out_s.s1 + i * P.out_s.s2;
+        const T* drow = dout + b * P.dout_s.s0 + h * P.dout_s.s1 + i * P.dout_s.s2;
+        double acc = 0;
+        for (int64_t d = 0; d < P.Dv; ++d) acc += double(to_c<C>(orow[d])) * double(to_c<C>(drow[d]));
+        if (P.dlse) acc -= load_any(P.dlse, b * P.dlse_s.s0 + h * P.dlse_s.s1 + i * P.dlse_s.s2, P.dlse_dtype);
+        J.Dbuf[(b * P.H + h) * P.Nq + i] = C(acc);
+      }
+  C* dq = static_cast<C*>(P.dq);
+  std::memset(static_cast<void*>(dq), 0, sizeof(C) * size_t(dq_n));
+  parts[0] = dq;
+  bool ok = true;
+  for (int t = 1; t < J.nt; ++t) {
+    parts[t] = static_cast<C*>(std::calloc(size_t(dq_n), sizeof(C)));
+    ok = ok && parts[t];
+  }
+  ok = ok && J.arena.alloc(J.nt, BwdBufs<T>::bytes(P));
+  if (ok) {
+    run_parallel(P, J.nt, &bwd_task<T>, &J);
+    for (int t = 1; t < J.nt; ++t)
+      for (int64_t x = 0; x < dq_n; ++x) dq[x] += parts[t][x];
+  }
+  for (int t = 1; t < J.nt; ++t) std::free(parts[t]);
+  std::free(J.Dbuf);
+  return ok;
+}
+
+// ------------------------------------------------------------------ micro-benchmarks
+
+// Throughput of the pieces of one (16 queries x 128 keys, Dk = Dv = 64) float32 tile step on
+// L1-resident data, single thread, for the benchmark report: 0: S^T = K Q^T, 1: O^T += V^T P^T
+// (GFLOP/s), 2: exp2 (G exp/s), 3: the whole step (S, softmax, rescale, P.V; GFLOP/s),
+// 4: register-only FMAs (the core's peak GFLOP/s, for comparison).
+static double microbench(int kind, int64_t reps) {
+  using V = VF;
+  constexpr int64_t bk = kBlockK, D = 64;
+  Arena a;
+  if (!a.alloc(1, sizeof(float) * size_t(bk * D * 2 + D * kLanes * 2 + bk * kLanes + 4 * kLanes))) return 0.0;
+  float* kt = reinterpret_cast<float*>(a.at(0));
+  float* vt = kt + bk * D;
+  float* qt = vt + bk * D;
+  float* ot = qt + D * kLanes;
+  float* st = ot + D * kLanes;
+  float* ml = st + bk * kLanes;
+  for (int64_t x = 0; x < bk * D; ++x) { kt[x] = float(x % 7) * 0.01f; vt[x] = float(x % 5) * 0.01f; }
+  for (int64_t x = 0; x < D * kLanes; ++x) qt[x] = float(x % 3) * 0.01f;
+  for (int64_t x = 0; x < bk * kLanes; ++x) st[x] = -float(x % 11);
+  Params P;
+  P.Nq = P.Nk = 1 << 20; P.bk = int(bk);
+  LaneGroup lg; lg.n = kLanes;
+  for (int l = 0; l < kLanes; ++l) { lg.h[l] = 0; lg.i[l] = l; }
+  TileMask tm; tm.mode = TILE_FULL;
+  ModLanes<float> mlanes;
+  mod_lanes_init(P, lg, mlanes);
+  vstore(ml, vset1<V>(-INFINITY)); vstore(ml + kLanes, vzero<V>());
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  V sink = vzero<V>();
+  for (int64_t r = 0; r < reps; ++r) {
+    if (kind == 0) gemm16<false>(st, kLanes, kt, D, 1, qt, kLanes, bk, D);
+    else if (kind == 1) gemm16<true>(ot, kLanes, vt, 1, D, st, kLanes, D, bk);
+    else if (kind == 4) {  // register-only FMA peak: 6 x 16 lanes of independent chains
+      V acc[6];
+      for (int m = 0; m < 6; ++m) acc[m] = vset1<V>(float(m));
+      const V b = vset1<V>(0.999f), c = vset1<V>(1e-7f);
+      for (int64_t x = 0; x < bk * D; ++x)
+#pragma GCC unroll 6
+        for (int m = 0; m < 6; ++m) acc[m] = vfma(acc[m], b, c);
+      for (int m = 0; m < 6; ++m) sink = vadd(sink, acc[m]);
+    } else if (kind == 2) for (int64_t jj = 0; jj < bk; ++jj) sink = vadd(sink, vexp2(vload(st + jj * kLanes)));
+    else {
+      gemm16<false>(st, kLanes, kt, D, 1, qt, kLanes, bk, D);
+      const V alpha = softmax_tile<float, float>(P, lg, mlanes, tm, 0, bk, st, nullptr, ml, ml + kLanes);
+      for (int64_t d = 0; d < D; ++d) vstore(ot + d * kLanes, vmul(vload(ot + d * kLanes), alpha));
+      gemm16<true>(ot, kLanes, vt, 1, D, st, kLanes, D, bk);
+    }
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  alignas(64) float s[kLanes];
+  vstore(s, sink);
+  if (s[0] == 12345.0f) std::printf("%g\n", double(ot[0]));  // keep the work
+  const double sec = double(t1.tv_sec - t0.tv_sec) + 1e-9 * double(t1.tv_nsec - t0.tv_nsec);
+  const double per = kind == 2 ? double(bk * kLanes)
+                     : kind == 3 ? 4.0 * bk * kLanes * D
+                     : kind == 4 ? 6.0 * 2 * kLanes * bk * D
+                                 : 2.0 * bk * kLanes * D;
+  return per * double(reps) / sec / 1e9;
+}
+
+// ------------------------------------------------------------------ dtype dispatch
+
+static bool forward_entry(const Params& P) {
+  switch (P.dtype) {
+    case DType::f32: return forward_impl<float>(P);
+    case DType::f64: return forward_impl<double>(P);
+    case DType::f16: return forward_impl<f16_t>(P);
+    default: return forward_impl<bf16_t>(P);
+  }
+}
+
+static bool backward_entry(const Params& P) {
+  switch (P.dtype) {
+    case DType::f32: return backward_impl<float>(P);
+    case DType::f64: return backward_impl<double>(P);
+    case DType::f16: return backward_impl<f16_t>(P);
+    default: return backward_impl<bf16_t>(P);
+  }
+}
+
+}  // namespace QKV_NS
+}  // namespace qkv_native
