@@ -200,9 +200,10 @@ RUNNERS = [
     Runner("reference", False),
     Runner("reference", True),
     Runner("torch", True),
-    Runner("flash", False, tiles=(2, 3)),  # odd tiles: many PARTIAL and EMPTY tiles, ragged edges
+    Runner("flash", False, tiles=(2, 3)),  # odd tiles (array engine): many PARTIAL and EMPTY tiles, ragged edges
     Runner("flash", True, tiles=(3, 2)),
-    Runner("flash", False),
+    Runner("flash", False),  # the compiled engine wherever it supports the call
+    Runner("flash", True),
     Runner("auto", False),
     Runner("auto", True),
 ]

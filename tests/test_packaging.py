@@ -61,14 +61,17 @@ def test_the_version_is_single_sourced():
     pyproject = (ROOT / "pyproject.toml").read_text("utf-8")
     assert re.search(r'^dynamic = \[[^]]*"version"', pyproject, re.M)
     assert not re.search(r"^version\s*=\s*[\"']", pyproject, re.M)  # no literal version in [project]
-    assert 'version = { attr = "qkv._version.__version__" }' in pyproject
+    assert 'metadata.version.provider = "scikit_build_core.metadata.regex"' in pyproject
+    assert 'metadata.version.input = "src/qkv/_version.py"' in pyproject
     assert f"## [{VERSION}]" in (ROOT / "CHANGELOG.md").read_text("utf-8")
 
 
 def test_the_wheel_holds_the_package_and_nothing_else(dist):
     wheel, _ = dist
-    assert wheel.name == f"qkv-{VERSION}-py3-none-any.whl"
+    # the compiled kernel makes the wheel platform-specific (cp3X-cp3X-<platform>)
+    assert re.fullmatch(rf"qkv-{re.escape(VERSION)}-cp3\d+-cp3\d+-\w+\.whl", wheel.name), wheel.name
     names = set(zipfile.ZipFile(wheel).namelist())
+    assert [n for n in names if re.fullmatch(r"qkv/_native/_ext\..*\.so", n)], "the compiled kernel is missing"
     assert static_assets(), "src/qkv/lab/static is empty"
     for asset in static_assets():
         assert asset in names, f"{asset} missing from the wheel"
@@ -93,7 +96,9 @@ def test_the_sdist_holds_the_sources_assets_and_documents(dist):
     _, sdist = dist
     top = f"qkv-{VERSION}/"
     names = set(tarfile.open(sdist).getnames())
-    for f in ("README.md", "LICENSE", "CHANGELOG.md", "pyproject.toml", "src/qkv/py.typed", "src/qkv/_version.py"):
+    files = ("README.md", "LICENSE", "CHANGELOG.md", "pyproject.toml", "src/qkv/py.typed", "src/qkv/_version.py")
+    native = ("CMakeLists.txt", "src/qkv/_native/CMakeLists.txt", "src/qkv/_native/binding.cpp")
+    for f in files + native:
         assert top + f in names, f"{f} missing from the sdist"
     for asset in static_assets():
         assert top + "src/" + asset in names, f"{asset} missing from the sdist"
@@ -112,6 +117,8 @@ def test_the_wheel_installs_and_runs_in_a_fresh_venv(dist, tmp_path):
 
     out = run(bin_ / "qkv", "explain", cwd=tmp_path).stdout
     assert "the built-in example" in out
+    engine = run(python, "-c", "import qkv._native as n; print(n.available(), n.isa())").stdout.split()
+    assert engine[0] == "True" and engine[1] in ("avx512", "avx2", "portable"), engine
     assert re.search(r"0\.5989\s+1\.0000\s+0\.5989\s+1\.2033", out)  # O = AV of the worked example
     assert re.search(r"1\.6206\s+1\.6206", out)  # its lse
 

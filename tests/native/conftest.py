@@ -3,12 +3,16 @@ ISA-sensitive test on every path this CPU can run."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 from qkv import _native as native
 
 if not native.available():  # pragma: no cover - a pure-Python install
+    if os.environ.get("QKV_REQUIRE_NATIVE") == "1":  # CI: the kernel must be there
+        raise RuntimeError(f"QKV_REQUIRE_NATIVE=1 but qkv._native is unavailable: {native.reason()}")
     pytest.skip(f"qkv._native unavailable: {native.reason()}", allow_module_level=True)
 
 ISAS = native.isas()

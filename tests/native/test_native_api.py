@@ -51,7 +51,11 @@ def test_philox_known_answers():
     ff = 0xFFFFFFFF
     assert native._ext.philox4x32(ff, ff, ff, ff, ff, ff) == (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)
     assert native._ext.philox4x32(0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344, 0xA4093822, 0x299F31D0) == (
-        0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)
+        0xD16CFE09,
+        0x94FDCCEB,
+        0x5001E420,
+        0x24126EA1,
+    )
 
 
 def test_philox_keep_layout_and_threshold():

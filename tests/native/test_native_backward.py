@@ -9,8 +9,13 @@ from _native_helpers import make_qkv, max_err, run_backward, run_forward, torch_
 from _native_reference import backward as ref_backward
 from _native_reference import forward as ref_forward
 
-SHAPES = [(1, 1, 1, 1, 1, 1, 1), (1, 2, 1, 37, 59, 3, 5), (2, 4, 2, 130, 200, 64, 48), (1, 3, 1, 9, 140, 80, 17),
-          (1, 2, 2, 90, 30, 128, 128)]
+SHAPES = [
+    (1, 1, 1, 1, 1, 1, 1),
+    (1, 2, 1, 37, 59, 3, 5),
+    (2, 4, 2, 130, 200, 64, 48),
+    (1, 3, 1, 9, 140, 80, 17),
+    (1, 2, 2, 90, 30, 128, 128),
+]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))

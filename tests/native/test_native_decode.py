@@ -12,8 +12,8 @@ from _native_reference import forward as ref_forward
 def test_split_vs_unsplit_vs_reference(isa, rng, h, hkv, nq):
     nk = 1000
     q, k, v = make_qkv(rng, 1, h, hkv, nq, nk, 64, 48, np.float32)
-    o1, l1 = run_forward(q, k, v, threads=1)        # one pass
-    o2, l2 = run_forward(q, k, v, threads=2)        # split-K when there are fewer row sets than 4 x threads
+    o1, l1 = run_forward(q, k, v, threads=1)  # one pass
+    o2, l2 = run_forward(q, k, v, threads=2)  # split-K when there are fewer row sets than 4 x threads
     o2b, l2b = run_forward(q, k, v, threads=2)
     assert np.array_equal(o2, o2b) and np.array_equal(l2, l2b)
     ro, rl, *_ = ref_forward(q, k, v, 64**-0.5)
@@ -31,7 +31,7 @@ def test_decode_float64_masks_mods(isa, rng):
     for b in range(2):
         for h in range(4):
             for i in range(2):
-                allowed[b, h, i, rows[b, h, i, 0]:rows[b, h, i, 1]] = True
+                allowed[b, h, i, rows[b, h, i, 0] : rows[b, h, i, 1]] = True
     for threads in (1, 2):
         out, lse = run_forward(q, k, v, rows=rows, mods=(("alibi", slopes),), threads=threads)
         ro, rl, *_ = ref_forward(q, k, v, 24**-0.5, allowed=allowed, mods=[("alibi", slopes)])

@@ -48,8 +48,13 @@ def test_shape_mismatch():
     with pytest.raises(ValueError, match=r"v must have shape .*axis 2"):
         fwd(q, k, v[:, :, :10], out, lse)
     with pytest.raises(ValueError, match="multiple of the kv heads"):
-        fwd(np.zeros((1, 3, 20, 8), np.float32), np.zeros((1, 2, 30, 8), np.float32),
-            np.zeros((1, 2, 30, 8), np.float32), np.zeros((1, 3, 20, 8), np.float32), np.zeros((1, 3, 20), np.float32))
+        fwd(
+            np.zeros((1, 3, 20, 8), np.float32),
+            np.zeros((1, 2, 30, 8), np.float32),
+            np.zeros((1, 2, 30, 8), np.float32),
+            np.zeros((1, 3, 20, 8), np.float32),
+            np.zeros((1, 3, 20), np.float32),
+        )
     with pytest.raises(ValueError, match=r"out must have shape"):
         fwd(q, k, v, out[:, :, :5], lse)
     with pytest.raises(ValueError, match="Nk must be >= 1"):

@@ -74,7 +74,7 @@ def test_broadcast_strides_and_gqa_share_kv(isa, rng):
 
 def test_non_contiguous_inputs(isa, rng):
     big = rng.standard_normal((2, 6, 90, 48))
-    q = big[:, ::3, 5:45, :20]        # strided heads and rows, last axis contiguous
+    q = big[:, ::3, 5:45, :20]  # strided heads and rows, last axis contiguous
     k = big.transpose(0, 1, 2, 3)[:, 1::3, 10:80, 20:40]
     v = np.swapaxes(rng.standard_normal((2, 70, 2, 16)), 1, 2)  # (B, Hkv, Nk, Dv) with Nk, Hkv swapped in memory
     out, lse = run_forward(q, k, v)

@@ -74,10 +74,14 @@ def test_classes_with_intervals_and_bitmaps(isa, rng, nq, nk):
     cases = [
         ({"tile_class": tc}, dict(tile_class=tc)),
         ({"tile_class": tc, "rows": rows}, dict(tile_class=tc, rows=rows)),
-        ({"tile_class": tc, "bitmap_index": bi, "bitmaps": bitmaps},
-         dict(tile_class=tc, bitmap_index=bi, bitmaps=bitmaps)),
-        ({"tile_class": tc, "rows": rows, "bitmap_index": bi, "bitmaps": bitmaps},
-         dict(tile_class=tc, rows=rows, bitmap_index=bi, bitmaps=bitmaps)),
+        (
+            {"tile_class": tc, "bitmap_index": bi, "bitmaps": bitmaps},
+            dict(tile_class=tc, bitmap_index=bi, bitmaps=bitmaps),
+        ),
+        (
+            {"tile_class": tc, "rows": rows, "bitmap_index": bi, "bitmaps": bitmaps},
+            dict(tile_class=tc, rows=rows, bitmap_index=bi, bitmaps=bitmaps),
+        ),
     ]
     for kw, dense_kw in cases:
         allowed = dense_allowed(b, h, nq, nk, bq, bk, **dense_kw)
@@ -97,7 +101,7 @@ def test_empty_rows_and_tiles_give_zeros_and_minus_inf(isa, rng):
     nq, nk = 70, 140
     q, k, v = make_qkv(rng, 1, 1, 1, nq, nk, 8, 8)
     rows = intervals(nq, nk, "causal", rng)
-    rows[0, 0, 10:30] = (5, 5)       # empty intervals
+    rows[0, 0, 10:30] = (5, 5)  # empty intervals
     rows[0, 0, 40, :] = (-7, 0)
     check(q, k, v, {"rows": rows}, dense_allowed(1, 1, nq, nk, 64, 128, rows=rows))
     bq, bk = native.tile_shape(nq, nk, 8, 8, "float64")
@@ -107,8 +111,9 @@ def test_empty_rows_and_tiles_give_zeros_and_minus_inf(isa, rng):
     for dtype in (np.float32,):
         out, lse = run_forward(q.astype(dtype), k.astype(dtype), v.astype(dtype), tile_class=tc)
         assert (out == 0).all() and np.isneginf(lse).all()
-    dq, dk, dv = run_backward(q, k, v, out.astype(np.float64), lse.astype(np.float64), np.ones_like(out, np.float64),
-                              tile_class=tc)
+    dq, dk, dv = run_backward(
+        q, k, v, out.astype(np.float64), lse.astype(np.float64), np.ones_like(out, np.float64), tile_class=tc
+    )
     assert not dq.any() and not dk.any() and not dv.any()
 
 

@@ -155,4 +155,7 @@ def dispatch(impl: str, c: Call) -> tuple[Impl, Dispatch]:
         if why is not None:
             raise ArgumentError(f"impl={impl!r} cannot run this call exactly: {why}; use impl='auto' or 'reference'")
         name, reason = impl, f"impl={impl!r} was asked for"
-    return IMPLS[name], Dispatch(name, "array" if name == "flash" else None, reason)
+    if name != "flash":
+        return IMPLS[name], Dispatch(name, None, reason)
+    engine, why = flash.engine(c)
+    return IMPLS[name], Dispatch(name, engine, reason if why is None else f"{reason}; array engine: {why}")

@@ -10,11 +10,14 @@ from typing import Any, NamedTuple
 
 from .. import masks
 from .._backend import as_array, is_bool, is_floating, namespace
-from .._checks import check_covers, check_dropout, check_flag, check_int, check_qkv, check_scale
+from .._checks import check_choice, check_covers, check_dropout, check_flag, check_int, check_qkv, check_scale
 from .._typing import Array, Dims
 from ..errors import ArgumentError, DTypeError, MaskError, ShapeError
 from ..masks import Mask
 from ..scores import ScoreMod
+
+ENGINES = ("native", "array")
+"""The flash kernel's engines: the compiled tile loop and the array-API one."""
 
 
 class Call(NamedTuple):
@@ -23,7 +26,9 @@ class Call(NamedTuple):
     ``(*B, H, Nq, Nk)``, one ``score_mod``, the numeric ``scale``; dropout and its ``rng``;
     which extra outputs are wanted; ``tiles = (block_q, block_k)`` forces the flash kernel's
     tile sizes (None: the kernel chooses); ``sinks`` one extra logit per head ``(*B, H, 1)`` that
-    joins every row's softmax denominator and carries no value (gpt-oss attention sinks)."""
+    joins every row's softmax denominator and carries no value (gpt-oss attention sinks);
+    ``engine`` forces the flash kernel's engine (``"native"`` or ``"array"``; None: the compiled
+    one whenever it supports the call; given ``tiles`` are the array engine's)."""
 
     q: Array
     k: Array
@@ -39,6 +44,7 @@ class Call(NamedTuple):
     want_lse: bool = False
     tiles: tuple[int, int] | None = None
     sinks: Array | None = None
+    engine: str | None = None
 
 
 def split_mask(mask: Any, causal: bool) -> tuple[Mask | None, Array | None]:
@@ -130,6 +136,7 @@ def build_call(
     tiles: tuple[int, int] | None = None,
     bias: Any = None,
     sinks: Any = None,
+    engine: str | None = None,
 ) -> Call:
     """Validate ``qkv.attention``'s arguments and normalise them into a ``Call``.
 
@@ -169,4 +176,5 @@ def build_call(
         check_flag(want_lse, "return_lse"),
         _tiles(tiles),
         check_sinks(sinks, dims.score_shape[:-2] if dims.has_heads else (), q),
+        None if engine is None else check_choice(engine, "engine", ENGINES),
     )

@@ -20,8 +20,10 @@ import numpy as np
 from .. import masks
 from .._backend import is_torch
 from .._typing import Array, Result
+from ..errors import ArgumentError
 from ..masks._rows import full_pairs, kept_pairs, row_tiles, tile_counts
 from . import _flash_array as array_engine
+from . import _flash_native as native_engine
 from ._call import Call
 
 BLOCK_Q = 256
@@ -144,8 +146,26 @@ def tile_classes(c: Call, block_q: int, block_k: int) -> np.ndarray:
     return cls
 
 
+def engine(c: Call) -> tuple[str, str | None]:
+    """``("native", None)`` when the compiled engine runs ``c``, else ``("array", why)``.
+
+    ``Call.engine`` forces one (``"native"`` raises ``ArgumentError`` with the reason when it
+    cannot); forced ``tiles`` are the array engine's.
+    """
+    if c.engine == "array":
+        return "array", "engine='array' was asked for"
+    why = "tiles were forced (the compiled engine has its own)" if c.tiles is not None else native_engine.reason(c)
+    if why is None:
+        return "native", None
+    if c.engine == "native":
+        raise ArgumentError(f"engine='native' cannot run this call: {why}")
+    return "array", why
+
+
 def forward(c: Call) -> Result:
     """``Result(out, weights, lse)`` of the call, by tiles."""
+    if engine(c)[0] == "native":
+        return native_engine.forward(c)
     bq, bk = choose_tiles(c)
     return array_engine.forward(c, bq, bk, tile_classes(c, bq, bk))
 
@@ -153,6 +173,9 @@ def forward(c: Call) -> Result:
 def backward(
     dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = None, dbias: bool = False
 ) -> tuple[Array, ...]:
-    """Gradients by tiles, recomputing ``A = exp(S - lse)`` (FlashAttention-2, Algorithm 2)."""
+    """Gradients by tiles, recomputing ``A = exp(S - lse)`` (FlashAttention-2, Algorithm 2); a
+    bias's gradient (``dbias``) comes from the array engine."""
+    if not dbias and engine(c)[0] == "native":
+        return native_engine.backward(dout, c, out, lse, dlse)
     bq, bk = choose_tiles(c)
     return array_engine.backward(dout, c, out, lse, dlse, dbias, bq, bk, tile_classes(c, bq, bk))

@@ -115,8 +115,11 @@ def _mods(mods: Sequence[tuple[Any, ...]]) -> tuple[tuple[Any, ...], ...]:
     for m in mods:
         if not isinstance(m, tuple) or not m:
             raise TypeError(f"each mod must be a tuple like ('mul', c), got {m!r}")
-        if m[0] in ("alibi", "relbias") and len(m) >= 2 and not hasattr(m[1], "__dlpack__") and not isinstance(
-            m[1], np.ndarray
+        if (
+            m[0] in ("alibi", "relbias")
+            and len(m) >= 2
+            and not hasattr(m[1], "__dlpack__")
+            and not isinstance(m[1], np.ndarray)
         ):
             m = (m[0], np.asarray(m[1], dtype=np.float64), *m[2:])
         out.append(m)
@@ -124,31 +127,90 @@ def _mods(mods: Sequence[tuple[Any, ...]]) -> tuple[tuple[Any, ...], ...]:
 
 
 def forward(
-    q: Any, k: Any, v: Any, out: Any, lse: Any, *, scale: float, tile_class: Any = None, rows: Any = None,
-    bitmap_index: Any = None, bitmaps: Any = None, mods: Sequence[tuple[Any, ...]] = (), bias: Any = None,
-    dropout_p: float = 0.0, seed: int = 0, threads: int = 1,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    *,
+    scale: float,
+    tile_class: Any = None,
+    rows: Any = None,
+    bitmap_index: Any = None,
+    bitmaps: Any = None,
+    mods: Sequence[tuple[Any, ...]] = (),
+    bias: Any = None,
+    dropout_p: float = 0.0,
+    seed: int = 0,
+    threads: int = 1,
 ) -> None:
     """Attention forward into ``out (B, H, Nq, Dv)`` and ``lse (B, H, Nq)`` (see the module doc
     and the lead's contract for the argument layouts)."""
     _need().forward(
-        q, k, v, out, lse, scale=float(scale), tile_class=tile_class, rows=rows, bitmap_index=bitmap_index,
-        bitmaps=bitmaps, mods=_mods(mods), bias=bias, dropout_p=float(dropout_p), seed=int(seed),
+        q,
+        k,
+        v,
+        out,
+        lse,
+        scale=float(scale),
+        tile_class=tile_class,
+        rows=rows,
+        bitmap_index=bitmap_index,
+        bitmaps=bitmaps,
+        mods=_mods(mods),
+        bias=bias,
+        dropout_p=float(dropout_p),
+        seed=int(seed),
         threads=int(threads),
     )
 
 
 def backward(
-    q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, dq: Any, dk: Any, dv: Any, *, dlse: Any = None,
-    scale: float, tile_class: Any = None, rows: Any = None, bitmap_index: Any = None, bitmaps: Any = None,
-    mods: Sequence[tuple[Any, ...]] = (), bias: Any = None, dropout_p: float = 0.0, seed: int = 0,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    dout: Any,
+    dq: Any,
+    dk: Any,
+    dv: Any,
+    *,
+    dlse: Any = None,
+    scale: float,
+    tile_class: Any = None,
+    rows: Any = None,
+    bitmap_index: Any = None,
+    bitmaps: Any = None,
+    mods: Sequence[tuple[Any, ...]] = (),
+    bias: Any = None,
+    dropout_p: float = 0.0,
+    seed: int = 0,
     threads: int = 1,
 ) -> None:
     """Gradients into ``dq (B, H, Nq, Dk)``, ``dk (B, Hkv, Nk, Dk)``, ``dv (B, Hkv, Nk, Dv)``
     (float32; float64 for float64 inputs), recomputed from ``q, k, v, out, lse``."""
     _need().backward(
-        q, k, v, out, lse, dout, dq, dk, dv, dlse=dlse, scale=float(scale), tile_class=tile_class, rows=rows,
-        bitmap_index=bitmap_index, bitmaps=bitmaps, mods=_mods(mods), bias=bias, dropout_p=float(dropout_p),
-        seed=int(seed), threads=int(threads),
+        q,
+        k,
+        v,
+        out,
+        lse,
+        dout,
+        dq,
+        dk,
+        dv,
+        dlse=dlse,
+        scale=float(scale),
+        tile_class=tile_class,
+        rows=rows,
+        bitmap_index=bitmap_index,
+        bitmaps=bitmaps,
+        mods=_mods(mods),
+        bias=bias,
+        dropout_p=float(dropout_p),
+        seed=int(seed),
+        threads=int(threads),
     )
 
 
@@ -165,6 +227,16 @@ def philox_keep(seed: int, b: int, h: int, i0: int, i1: int, j0: int, j1: int, p
 
 
 __all__ = [
-    "EMPTY", "FULL", "PARTIAL", "available", "backward", "forward", "isa", "isas", "philox_keep", "reason",
-    "tile_shape", "use_isa",
+    "EMPTY",
+    "FULL",
+    "PARTIAL",
+    "available",
+    "backward",
+    "forward",
+    "isa",
+    "isas",
+    "philox_keep",
+    "reason",
+    "tile_shape",
+    "use_isa",
 ]

@@ -34,6 +34,7 @@ class ScoreMod:
     bias: Callable[[Any, Array, np.ndarray, np.ndarray, int, int], Array] | None = None
     tensors: tuple[Array, ...] = ()  # learnable arrays it closes over (kernels without autograd decline them)
     opaque: bool = False  # a plain function: it may close over tensors only autograd can follow
+    native: tuple[tuple[Any, ...], ...] | None = None  # the compiled kernel's ops for it (None: not expressible)
 
     def __call__(self, s: Array, i: np.ndarray, j: np.ndarray, nq: int, nk: int) -> Array:
         """``s'`` for scores ``s`` at rows ``i (rows, 1)`` and columns ``j (1, cols)``."""
@@ -61,7 +62,8 @@ class ScoreMod:
             def both(xp, like, i, j, nq, nk):
                 return ab(xp, like, i, j, nq, nk) + bb(xp, like, i, j, nq, nk)
 
-        return ScoreMod(fn, f"{a.name} + {b.name}", both, a.tensors + b.tensors, a.opaque or b.opaque)
+        native = None if a.native is None or b.native is None else a.native + b.native
+        return ScoreMod(fn, f"{a.name} + {b.name}", both, a.tensors + b.tensors, a.opaque or b.opaque, native)
 
     def __repr__(self) -> str:
         return f"ScoreMod({self.name})"
@@ -88,12 +90,15 @@ def through(ds: Array, grad: Grad) -> Array:
 
 
 def additive_mod(
-    bias: Callable[[Any, Array, np.ndarray, np.ndarray, int, int], Array], name: str, tensors: tuple[Array, ...] = ()
+    bias: Callable[[Any, Array, np.ndarray, np.ndarray, int, int], Array],
+    name: str,
+    tensors: tuple[Array, ...] = (),
+    native: tuple[tuple[Any, ...], ...] | None = None,
 ) -> ScoreMod:
     def fn(xp, s, i, j, nq, nk):
         return s + bias(xp, s, i, j, nq, nk), None
 
-    return ScoreMod(fn, name, bias, tensors)
+    return ScoreMod(fn, name, bias, tensors, native=native)
 
 
 def is_array(x: Any) -> bool:

@@ -48,10 +48,11 @@ def alibi(slopes: Any = None, n_heads: int | None = None) -> ScoreMod:
         b = -xp.reshape(m, (*m.shape, 1, 1)) * dist
         return b if s.ndim >= 3 else b[0]
 
-    if slopes is None:
-        return additive_mod(bias, "alibi")
+    if slopes is None:  # the kernel's op gets alibi_slopes(H) once H is known
+        return additive_mod(bias, "alibi", native=(("alibi", None),))
     shown = "traced" if is_traced(slopes) else np.round(np.asarray(to_numpy(slopes), dtype=float), 4).tolist()
-    return additive_mod(bias, f"alibi(slopes={shown})", (slopes,) if is_array(slopes) else ())
+    table = slopes if is_array(slopes) else np.asarray(slopes, dtype=np.float64)
+    return additive_mod(bias, f"alibi(slopes={shown})", (slopes,) if is_array(slopes) else (), (("alibi", table),))
 
 
 def relative_bias(table: Any, max_distance: int) -> ScoreMod:
@@ -79,7 +80,8 @@ def relative_bias(table: Any, max_distance: int) -> ScoreMod:
             b = b[0]
         return b
 
-    return additive_mod(bias, f"relative_bias(max_distance={m})", (t,) if is_array(t) else ())
+    native = (("relbias", t if t.ndim == 2 else t[None], m),)
+    return additive_mod(bias, f"relative_bias(max_distance={m})", (t,) if is_array(t) else (), native)
 
 
 def softcap(c: float) -> ScoreMod:
@@ -92,7 +94,7 @@ def softcap(c: float) -> ScoreMod:
         t = xp.tanh(s / c)
         return c * t, 1 - t * t
 
-    return ScoreMod(fn, f"softcap({c:g})")
+    return ScoreMod(fn, f"softcap({c:g})", native=(("softcap", c),))
 
 
 def temperature(t: float) -> ScoreMod:
@@ -104,4 +106,4 @@ def temperature(t: float) -> ScoreMod:
     def fn(xp, s, i, j, nq, nk):
         return s / t, 1.0 / t
 
-    return ScoreMod(fn, f"temperature({t:g})")
+    return ScoreMod(fn, f"temperature({t:g})", native=(("mul", 1.0 / t),))
