@@ -129,21 +129,27 @@ def test_auto_on_numpy_uses_reference_for_small_and_flash_for_large_problems(rng
 def test_auto_on_torch_follows_the_decision_table():
     import torch
 
+    from qkv import _native
+
+    compiled = _native.available()
     big = [torch.zeros((1, 2, 1024, 8))] * 3
     small = [torch.zeros((1, 2, 16, 8))] * 3
     decode = [torch.zeros((1, 2, 1, 8)), torch.zeros((1, 2, 1024, 8)), torch.zeros((1, 2, 1024, 8))]
-    assert _chosen(*big) == "torch"  # dense: SDPA's fused kernel
-    assert _chosen(*big, causal=True) == "torch"  # plain causal, Nq == Nk: SDPA's is_causal
-    assert _chosen(*decode, causal=True) == "torch"  # causal hides nothing for one query: no mask at all
+    # rule C: the compiled engine takes what it runs; without it SDPA's fused kernel (rule 3)
+    assert _chosen(*big) == ("flash" if compiled else "torch")
+    assert _chosen(*big, causal=True) == ("flash" if compiled else "torch")
+    assert _chosen(*decode, causal=True) == ("flash" if compiled else "torch")  # causal hides nothing here
     long = [torch.zeros((1, 2, 8192, 8))] * 3
     assert _chosen(*long, mask=masks.sliding_window(64)) == "flash"  # most tiles hidden: skip them
     assert _chosen(*big, causal=True, lse=True) == "flash"  # SDPA returns no lse
-    assert _chosen(*big, mask=~masks.sliding_window(64)) == "torch"  # dense work with a mask: SDPA
-    assert _chosen(*small, mask=masks.sliding_window(4)) == "torch"  # tiny: no tiling
+    assert _chosen(*big, mask=~masks.sliding_window(64)) == ("flash" if compiled else "torch")
+    assert _chosen(*small, mask=masks.sliding_window(4)) == "torch"  # tiny: no tiling (rule 1)
     assert _chosen(*small, lse=True) == "reference"
     assert _chosen(*big, score_mod=qkv.scores.softcap(5.0)) == "flash"
     gqa_decode = [torch.zeros((1, 8, 1, 8)), torch.zeros((1, 2, 4096, 8)), torch.zeros((1, 2, 4096, 8))]
     assert _chosen(*gqa_decode, causal=True) == "flash"  # SDPA's GQA path copies K and V per query head
+    opaque = qkv.scores.from_fn(lambda s, b, h, i, j: s * 2)
+    assert _chosen(*big, score_mod=opaque) == "flash"  # the array engine runs what the compiled one cannot
 
 
 def test_tile_choice_follows_narrow_masks_and_keeps_large_tiles_for_dense_work():

@@ -372,7 +372,10 @@ def test_auto_on_jax_picks_flash_for_large_concrete_problems_only():
     assert 8 * n * n * 4 >= JAX_FLASH_BYTES > 4 * n * n * 4
     assert _chosen(*big) == "flash"
     assert _chosen(*big, mask=masks.sliding_window(64)) == "flash"
-    assert _chosen(*(x[:, :4] for x in big), causal=True) == "reference"
+    from qkv import _native
+
+    # below the bytes of rule J the array engine loses to the reference; the compiled engine does not
+    assert _chosen(*(x[:, :4] for x in big), causal=True) == ("flash" if _native.available() else "reference")
     assert _chosen(*(jnp.zeros((1, 4, n, 8), jnp.float64),) * 3) == "flash"  # bytes, not entries
     assert _chosen(*(x.astype(jnp.bfloat16) for x in big)) == "flash"  # scores in float32
     assert _chosen(*J(*inputs(np.random.default_rng(0))), causal=True) == "reference"

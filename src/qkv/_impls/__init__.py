@@ -11,21 +11,24 @@ Each ``Impl`` says whether it can give the contract's exact semantics for a call
 (``benchmarks/auto.py``):
 
     0. grouped heads (1 < Hkv < H) with few queries (Nq <= 16, a decode step) and the flash
-       kernel supports the call (SDPA's GQA path copies K and V per query head; flash
-       ran 1.66x SDPA at L = 32k, GQA 8/2)                                     -> "flash"
-    1. torch tensors, SDPA supports the call, and no mask or the plain causal mask with
-       Nq == Nk (SDPA's own fused kernel, ~1.4x the tiled kernel)           -> "torch"
-    2. fewer than SMALL score entries (Nq · Nk), where tiling only adds overhead:
-       "torch" if it supports the call, else                                   -> "reference"
-    3. the flash kernel supports the call and its mask hides at least half the
+       kernel supports the call (SDPA's GQA path copies K and V per query head)   -> "flash"
+    1. torch tensors, fewer than SMALL score entries per head (Nq · Nk), SDPA supports
+       the call                                                                -> "torch"
+    2. fewer than SMALL score entries, where tiling only adds overhead         -> "reference"
+    C. the flash kernel's compiled engine runs the call (it ran 1.1-1.3x SDPA's CPU flash
+       kernel on dense and causal work and skips the tiles a mask hides)        -> "flash"
+    3. torch tensors, SDPA supports the call, and no mask or the plain causal mask with
+       Nq == Nk (SDPA's own fused kernel, ~1.4x the array engine)              -> "torch"
+    4. the flash kernel supports the call and its mask hides at least half the
        tiles (or SDPA cannot run it)                                           -> "flash"
-    4. SDPA supports the call (dense work, explicit mask)                      -> "torch"
-    5. otherwise                                                               -> "reference"
+    5. SDPA supports the call (dense work, explicit mask)                      -> "torch"
+    6. otherwise                                                               -> "reference"
 
-    J. JAX arrays (instead of 0-5): none traced by ``jax.grad`` / ``jax.jit`` (differentiating
-       the tile loop op by op ran 1.4x slower than the reference's gradient at N = 2048 causal,
-       and saves every tile anyway), the flash kernel supports the call and the score matrix
-       holds at least JAX_FLASH_BYTES (measured, see its docstring)             -> "flash"
+    J. JAX arrays (instead of 0-6): concrete ones of at least SMALL entries that the compiled
+       engine runs -> "flash"; otherwise, none traced by ``jax.grad`` / ``jax.jit``
+       (differentiating the array engine's tile loop op by op ran 1.4x slower than the
+       reference's gradient at N = 2048 causal, and saves every tile anyway), the flash kernel
+       supports the call and the score matrix holds at least JAX_FLASH_BYTES  -> "flash"
        otherwise                                                               -> "reference"
 """
 
@@ -103,6 +106,8 @@ def _traced(c: Call) -> bool:
 def _auto_jax(c: Call) -> tuple[str, str]:
     """Rule J of the decision table."""
     d = c.dims
+    if d.nq * d.nk >= SMALL and IMPLS["flash"].supports(c) is None and flash.engine(c)[0] == "native":
+        return "flash", "concrete JAX arrays the compiled flash engine runs (rule J)"
     score_bytes = math.prod(d.score_shape) * (4 if dtype_name(c.q) in HALF else c.q.dtype.itemsize)
     mib, floor = score_bytes / 2**20, JAX_FLASH_BYTES >> 20
     if score_bytes < JAX_FLASH_BYTES:
@@ -124,21 +129,23 @@ def auto(c: Call) -> tuple[str, str]:
     flash_why = IMPLS["flash"].supports(c)
     if d.grouped and d.nq <= 16 and flash_why is None:
         return "flash", f"a grouped decode step (Hkv={d.hkv} < H={d.h}, Nq={d.nq} <= 16): K, V read once (rule 0)"
-    plain = c.mask is None or (c.mask is masks.causal() and d.nq == d.nk)
-    if sdpa_why is None and plain:
-        return "torch", "torch tensors, no mask or the plain causal mask: SDPA's fused kernel (rule 1)"
     if d.nq * d.nk < SMALL:
         small = f"Nq·Nk = {d.nq * d.nk} < {SMALL} score entries per head, where tiling only adds overhead"
-        return ("torch", f"{small}: SDPA (rule 2)") if sdpa_why is None else ("reference", f"{small} (rule 2)")
+        return ("torch", f"{small}: SDPA (rule 1)") if sdpa_why is None else ("reference", f"{small} (rule 2)")
+    if flash_why is None and flash.engine(c)[0] == "native":
+        return "flash", "the compiled flash engine runs this call: fused tiles, hidden tiles skipped (rule C)"
+    plain = c.mask is None or (c.mask is masks.causal() and d.nq == d.nk)
+    if sdpa_why is None and plain:
+        return "torch", "torch tensors, no mask or the plain causal mask: SDPA's fused kernel (rule 3)"
     if flash_why is None:
         if sdpa_why is not None:
-            return "flash", f"{d.nq}x{d.nk} scores per head, which SDPA cannot run ({sdpa_why}) (rule 3)"
+            return "flash", f"{d.nq}x{d.nk} scores per head, which SDPA cannot run ({sdpa_why}) (rule 4)"
         kept = _kept_fraction(c)
         if kept <= 0.5:
-            return "flash", f"the mask hides {1 - kept:.0%} of the tiles, which the flash kernel skips (rule 3)"
+            return "flash", f"the mask hides {1 - kept:.0%} of the tiles, which the flash kernel skips (rule 4)"
     if sdpa_why is None:
-        return "torch", "dense work with an explicit mask: SDPA (rule 4)"
-    return "reference", f"the flash kernel cannot run this call ({flash_why}) (rule 5)"
+        return "torch", "dense work with an explicit mask: SDPA (rule 5)"
+    return "reference", f"the flash kernel cannot run this call ({flash_why}) (rule 6)"
 
 
 def dispatch(impl: str, c: Call) -> tuple[Impl, Dispatch]:
