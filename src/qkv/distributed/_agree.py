@@ -250,7 +250,7 @@ def _all_gather(g: Group, ints: list[int], device: torch.device, call: str) -> l
     mine = torch.tensor(ints, dtype=torch.int64, device=_device(g, device))
     every = torch.empty(g.size * SLOTS, dtype=torch.int64, device=mine.device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
-    with talking(call, "comparing this call with the other ranks' (one all-gather)"):
+    with talking(call, "exchanging call signatures with the other ranks (the all-gather before any data moves)"):
         gather(every, mine, group=g.group)
     return every.view(g.size, SLOTS).tolist()
 
