@@ -140,7 +140,8 @@ class Shape(Field):
     def encode(self, value: Any) -> list[int]:
         shape = tuple(int(s) for s in value)
         shown = shape[-_SHOWN_AXES:] if shape else ()
-        return [len(shape), *([-1] * (_SHOWN_AXES - len(shown))), *shown, _shape_hash(shape)]
+        whole = _shape_hash(shape) if len(shape) > _SHOWN_AXES else 0  # only needed when axes are hidden
+        return [len(shape), *([-1] * (_SHOWN_AXES - len(shown))), *shown, whole]
 
     def decode(self, ints: list[int]) -> tuple[int, tuple[int, ...], int]:
         ndim = ints[0]
@@ -214,6 +215,8 @@ def _groups(values: list[Any]) -> list[list[int]]:
 
 def disagreement(sig: Signature, rows: list[list[int]]) -> str | None:
     """Why the ranks' signatures ``rows`` (one per rank) do not match, or None when they all do."""
+    if all(row == rows[0] for row in rows):
+        return None
     calls = Choice("call", CALLS)
     called = [calls.decode(r[:1]) for r in rows]
     if len(set(called)) > 1:
@@ -269,7 +272,12 @@ def agree(g: Group, call: str, check: Callable[[], tuple[Signature, T]], device:
     except Exception as e:  # this rank's mistake: tell the others before raising it
         error, ints = e, _failed(call, e)
     if g.size > 1:
-        rows = _all_gather(g, ints, device, call)
+        try:
+            rows = _all_gather(g, ints, device, call)
+        except DistributedError:
+            if error is not None:  # this rank's own mistake says more than the failed exchange
+                raise error from None
+            raise
         if error is None:
             why = disagreement(sig, rows)
             if why:
