@@ -1,5 +1,6 @@
 """The call signature that ranks all-gather before the first transfer (``qkv.distributed._agree``),
-in one process: what it encodes, that it always has the same size, and the words of the error.
+in one process: what it encodes, that it always has the same size, and the words of the error;
+and the error a failed transfer becomes.
 
 The same code runs on real process groups in ``test_distributed.py`` (the disagreement table);
 here the rows every rank would gather are built directly, for the cases a spawn cannot reach
@@ -85,3 +86,21 @@ def test_a_rank_whose_own_checks_failed_is_named_with_its_error_type():
     ok = ring_signature((1, 2, 8, 8))
     rows = [ok.encode(), _failed("ring_attention", ShapeError("odd shard")), ok.encode()]
     assert disagreement(ok, rows) == "rank 1 rejected its arguments with a ShapeError (its own error says why)"
+
+
+def test_a_failed_transfer_is_a_distributed_error_naming_the_call_step_and_peers():
+    from qkv.distributed import DistributedError
+    from qkv.distributed._comm import Group, wait
+
+    class Lost:
+        def wait(self):
+            raise RuntimeError("Timed out waiting 10000ms for recv operation to complete")
+
+    with pytest.raises(DistributedError) as got:
+        wait(Group(None, 0, 3), [Lost()], "forward step 2 of 3, passing K/V blocks on")
+    assert str(got.value).startswith(
+        "ring_attention: forward step 2 of 3, passing K/V blocks on (rank 0 of 3, sending to rank 1, "
+        "receiving from rank 2) failed: a rank of the group died, stopped calling or timed out"
+    )
+    assert str(got.value).endswith("Timed out waiting 10000ms for recv operation to complete")
+    assert isinstance(got.value.__cause__, RuntimeError)
