@@ -11,6 +11,7 @@ Run without torchrun, it shows the same ring simulated in this one process.
 """
 
 import os
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -29,8 +30,9 @@ def whole_tensors() -> tuple[torch.Tensor, ...]:
 
 
 def run_distributed() -> None:
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")  # torchrun set the environment
+    if not dist.is_initialized():  # torchrun set the environment; a lost rank ends the others within the timeout
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(seconds=120))
     rank = dist.get_rank()
     q, k, v = whole_tensors()
     expected = qkv.attention(q, k, v, causal=True)

@@ -264,7 +264,8 @@ def check_attention(rank, world_size, cases):
 
 
 def expect_errors(rank, world_size, payload):
-    """Bad calls on a live group: each must raise the named error type before any communication."""
+    """Bad calls on a live group, the same on every rank: each raises the named error type before any
+    data moves (the ranks exchange only their call signatures, ``qkv.distributed._agree``)."""
     import torch
 
     from qkv.distributed import gather_sequence, ring_attention, shard_sequence, ulysses_attention
@@ -305,11 +306,58 @@ def raise_on_rank1(rank, world_size, payload):
     return ring_attention(x, x, x).sum().item()
 
 
+def _disagreeing_call(args):
+    """Run one call of a mismatch row with this rank's ``args`` (shapes, dtype, flags)."""
+    import torch
+
+    from qkv.distributed import gather_sequence, ring_attention, ulysses_attention
+
+    dtype = getattr(torch, args.get("dtype", "float64"))
+    grad = args.get("requires_grad", False)
+    t = {
+        name: torch.zeros(args[name], dtype=dtype, requires_grad=grad) for name in ("q", "k", "v", "x") if name in args
+    }
+    kw = {key: args[key] for key in ("causal", "layout", "scale") if key in args}
+    if args["fn"] == "gather":
+        return gather_sequence(t["x"], **kw)
+    fn = ring_attention if args["fn"] == "ring" else ulysses_attention
+    return fn(t["q"], t["k"], t["v"], **kw)
+
+
+def disagree(rank, world_size, rows):
+    """Each row: ranks in ``row["odd_ranks"]`` call with ``row["odd"]`` merged over ``row["base"]``,
+    the others with ``row["base"]``. Returns {id: (error type, message, seconds)} for this rank;
+    then checks that the group still works (a ring call equal to qkv.attention)."""
+    import torch
+
+    import qkv
+    from qkv.distributed import gather_sequence, ring_attention, shard_sequence
+
+    out = {}
+    for row in rows:
+        args = {**row["base"], **(row["odd"] if rank in row["odd_ranks"] else {})}
+        start = time.monotonic()
+        try:
+            got = _disagreeing_call(args)
+        except Exception as e:
+            out[row["id"]] = (type(e).__name__, str(e), time.monotonic() - start)
+        else:
+            out[row["id"]] = ("no error", f"returned {tuple(got.shape)}", time.monotonic() - start)
+    rng = np.random.default_rng(0)  # the same tensors on every rank
+    q, k, v = (torch.tensor(rng.standard_normal((1, 2, 8 * world_size, 4))) for _ in range(3))
+    got = ring_attention(*(shard_sequence(x) for x in (q, k, v)), causal=True)
+    err = float((gather_sequence(got) - qkv.attention(q, k, v, causal=True)).abs().max())
+    return {"rows": out, "afterwards": err}
+
+
 def suite(rank, world_size, payload):
-    """``check_attention`` on ``payload["cases"]``, then (if asked) ``expect_errors``: one spawn for both."""
+    """``check_attention`` on ``payload["cases"]``, then (if asked) ``expect_errors`` and ``disagree``:
+    one spawn for all."""
     report = {"cases": check_attention(rank, world_size, payload["cases"])}
     if payload.get("errors"):
         report["errors"] = expect_errors(rank, world_size, None)
+    if payload.get("disagree"):
+        report["disagree"] = disagree(rank, world_size, payload["disagree"])
     return report
 
 

@@ -10,9 +10,12 @@
 - ``simulate_ring``: the ring in one process over virtual ranks, every step recorded.
 
 Results equal ``qkv.attention`` on the gathered tensors (exactly up to rounding), on CPUs with
-gloo as on GPUs with NCCL. Launch one process per rank, e.g. ``torchrun --nproc-per-node=4
-script.py`` (docs/distributed.md). ``import qkv`` does not import this package, and importing
-it imports torch only when one of its names is first used.
+gloo as on GPUs with NCCL. Before any data moves, the ranks compare their calls (one small
+all-gather, ``_agree``): ranks that disagree on shapes, dtypes, ``causal``, ``layout`` or
+``scale`` all raise ``DistributedError`` naming the ranks, the field and both values. Launch
+one process per rank, e.g. ``torchrun --nproc-per-node=4 script.py`` (docs/distributed.md).
+``import qkv`` does not import this package's torch modules, and importing it imports torch
+only when one of its names is first used.
 """
 
 from importlib import import_module

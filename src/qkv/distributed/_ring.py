@@ -21,9 +21,15 @@ from .._backend import compute_dtype
 from .._checks import check_qkv, check_scale
 from .._softmax import merge_attention
 from ..errors import ArgumentError
+from ._agree import K_AXES, Q_AXES, V_AXES, Choice, Field, Flag, Real, Signature, agree
 from ._blocks import block_backward, block_forward, ring_source
 from ._comm import Group, require_torch, resolve, ring_exchange, wait
-from ._layout import Segments, check_layout, check_shard_length, segments
+from ._layout import LAYOUTS, Segments, check_layout, check_shard_length, segments
+
+ADVICE = (
+    "Every rank must pass its own shard with the same shapes, dtypes, device type, causal, layout "
+    "and scale (docs/distributed.md)"
+)
 
 
 class Plan(NamedTuple):
@@ -63,7 +69,7 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan) 
         if computed:
             acc = (o, lse) if acc is None else merge_attention([acc[0], o], [acc[1], lse])
         if pending is not None:
-            wait(pending[1])
+            wait(plan.g, pending[1], f"forward step {step + 1} of {w}, passing K/V blocks on")
             kv = pending[0]
     if acc is None:  # every block hidden from every query of this rank: zeros and -inf
         acc = (o, lse)
@@ -97,10 +103,10 @@ def ring_backward(
             dkv[1] += g[2]
         if w > 1:  # the accumulators move on with their block; after the last step they are home
             grads, reqs = ring_exchange(plan.g, dkv, first_tag=2)  # K/V (tags 0, 1) may be in flight
-            wait(reqs)
+            wait(plan.g, reqs, f"backward step {step + 1} of {w}, passing dK/dV accumulators on")
             dkv = grads
         if pending is not None:
-            wait(pending[1])
+            wait(plan.g, pending[1], f"backward step {step + 1} of {w}, passing K/V blocks on")
             kv = pending[0]
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
@@ -137,19 +143,34 @@ def ring_attention(
     ``causal`` is on global positions (bottom-right aligned); the ``"contiguous"`` layout skips
     blocks a query shard cannot see, ``"zigzag"`` also balances that work across ranks.
     Differentiable (one ``torch.autograd.Function``; the backward pass is a second ring).
-    Every rank must call it with the same shapes, ``causal``, ``layout`` and ``scale``.
+
+    Every rank must call it with the same shapes, dtypes, device type, ``causal``, ``layout``
+    and ``scale``, and all or none of them with gradients. Before the first transfer the ranks
+    compare their calls (one small all-gather); if they differ, every rank raises the same
+    ``DistributedError`` naming the ranks, the field and both values.
 
     >>> out = ring_attention(shard_sequence(q), shard_sequence(k), shard_sequence(v), causal=True)
     """
     require_torch("ring_attention", q=q, k=k, v=v)
-    check_layout(layout)
-    dims = check_qkv(q, k, v)
     g = resolve(group, "ring_attention")
-    if not isinstance(causal, bool):
-        raise ArgumentError(f"causal must be True or False, got {causal!r}")
-    for name, x in (("q", q), ("k", k)):
-        check_shard_length(name, x.shape[-2], g.size, layout, tuple(x.shape))
-    plan = Plan(g, causal, layout, check_scale(scale, dims.dk), dims.nq * g.size, dims.nk * g.size)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+
+    def check() -> tuple[Signature, tuple[Plan, bool]]:
+        check_layout(layout)
+        dims = check_qkv(q, k, v)
+        if not isinstance(causal, bool):
+            raise ArgumentError(f"causal must be True or False, got {causal!r}")
+        for name, x in (("q", q), ("k", k)):
+            check_shard_length(name, x.shape[-2], g.size, layout, tuple(x.shape))
+        plan = Plan(g, causal, layout, check_scale(scale, dims.dk), dims.nq * g.size, dims.nk * g.size)
+        grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+        sig = Signature("ring_attention").add(Field("world_size"), g.size)
+        for name, x, axes in (("q", q, Q_AXES), ("k", k, K_AXES), ("v", v, V_AXES)):
+            sig.tensor(name, x, axes)
+        sig.add(Flag("causal"), causal).add(Choice("layout", LAYOUTS), layout).add(Real("scale"), plan.scale)
+        sig.add(Flag("grad", "q, k or v requires grad with grad mode on: the backward ring needs every rank"), grad)
+        return sig, (plan, grad)
+
+    plan, grad = agree(g, "ring_attention", check, q.device, ADVICE)
+    if grad:
         return _RingAttention.apply(q, k, v, plan)
     return ring_forward(q, k, v, plan)[0]

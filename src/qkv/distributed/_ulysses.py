@@ -14,10 +14,16 @@ from typing import Any
 
 import torch
 
-from .._checks import check_qkv
+from .._checks import check_qkv, check_scale
 from .._core import attention
 from ..errors import ArgumentError, ShapeError
+from ._agree import K_AXES, Q_AXES, V_AXES, Field, Flag, Real, Signature, agree
 from ._comm import Group, all_to_all, require_torch, resolve
+
+ADVICE = (
+    "Every rank must pass its own shard with the same shapes, dtypes, device type, causal and scale "
+    "(docs/distributed.md)"
+)
 
 
 def seq_to_head(g: Group, x: torch.Tensor) -> torch.Tensor:
@@ -75,28 +81,46 @@ def ulysses_attention(
     and ``Hkv`` must be multiples of the world size ``W`` (a ``ShapeError`` says which is not);
     ``q``, ``k``, ``v`` must have the same leading axes. Differentiable.
 
+    Every rank must call it with the same shapes, dtypes, device type, ``causal`` and ``scale``,
+    and the same tensors requiring grad. Before the first all-to-all the ranks compare their
+    calls (one small all-gather); if they differ, every rank raises the same
+    ``DistributedError`` naming the ranks, the field and both values.
+
     >>> out = ulysses_attention(shard_sequence(q), shard_sequence(k), shard_sequence(v), causal=True)
     """
     require_torch("ulysses_attention", q=q, k=k, v=v)
-    check_qkv(q, k, v)
     g = resolve(group, "ulysses_attention")
-    if not isinstance(causal, bool):
-        raise ArgumentError(f"causal must be True or False, got {causal!r}")
-    shapes = f"q: {tuple(q.shape)}, k: {tuple(k.shape)}, v: {tuple(v.shape)}"
-    if min(x.ndim for x in (q, k, v)) < 3:
-        raise ShapeError(f"ulysses_attention shards heads, so q, k, v need a head axis (*B, H, N, D) ({shapes})")
-    if not q.shape[:-3] == k.shape[:-3] == v.shape[:-3] or k.shape[-3] != v.shape[-3]:
-        raise ShapeError(
-            f"ulysses_attention needs q, k, v with the same leading axes and k, v with the same "
-            f"Hkv (no broadcasting across the all-to-all) ({shapes})"
-        )
-    for name, heads, n in (("q", q.shape[-3], "H"), ("k", k.shape[-3], "Hkv")):
-        if heads % g.size:
+
+    def check() -> tuple[Signature, None]:
+        dims = check_qkv(q, k, v)
+        if not isinstance(causal, bool):
+            raise ArgumentError(f"causal must be True or False, got {causal!r}")
+        shapes = f"q: {tuple(q.shape)}, k: {tuple(k.shape)}, v: {tuple(v.shape)}"
+        if min(x.ndim for x in (q, k, v)) < 3:
+            raise ShapeError(f"ulysses_attention shards heads, so q, k, v need a head axis (*B, H, N, D) ({shapes})")
+        if not q.shape[:-3] == k.shape[:-3] == v.shape[:-3] or k.shape[-3] != v.shape[-3]:
             raise ShapeError(
-                f"{name} has {n}={heads} heads on axis -3, which does not divide by the world size "
-                f"{g.size}: Ulysses gives each rank {n} / {g.size} heads ({shapes}); use "
-                "ring_attention, or a world size that divides the head count"
+                f"ulysses_attention needs q, k, v with the same leading axes and k, v with the same "
+                f"Hkv (no broadcasting across the all-to-all) ({shapes})"
             )
+        for name, heads, n in (("q", q.shape[-3], "H"), ("k", k.shape[-3], "Hkv")):
+            if heads % g.size:
+                raise ShapeError(
+                    f"{name} has {n}={heads} heads on axis -3, which does not divide by the world size "
+                    f"{g.size}: Ulysses gives each rank {n} / {g.size} heads ({shapes}); use "
+                    "ring_attention, or a world size that divides the head count"
+                )
+        sig = Signature("ulysses_attention").add(Field("world_size"), g.size)
+        for name, x, axes in (("q", q, Q_AXES), ("k", k, K_AXES), ("v", v, V_AXES)):
+            sig.tensor(name, x, axes)
+        sig.add(Flag("causal"), causal).add(Real("scale"), check_scale(scale, dims.dk))
+        grad = torch.is_grad_enabled()
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            hint = f"with grad mode on: the backward pass of {name}'s all-to-all needs every rank"
+            sig.add(Flag(f"{name}.requires_grad", hint), grad and x.requires_grad)
+        return sig, None
+
+    agree(g, "ulysses_attention", check, q.device, ADVICE)
     if g.size == 1:
         return attention(q, k, v, causal=causal, scale=scale)
     qh, kh, vh = (_SeqToHead.apply(x, g) for x in (q, k, v))
