@@ -110,8 +110,8 @@ class BodyLimit:
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if length is not None and (not length.strip().isdigit() or int(length) > self.limit):
             said = length.decode("latin-1").strip()
-            size = f"{said} bytes" if said.isdigit() else f"of unknown size (Content-Length {shown(said, 20)})"
-            await refuse(send, 413, self._too_large(size))
+            what = f"{said} bytes" if said.isdigit() else f"of unknown size (Content-Length {shown(said, 20)})"
+            await refuse(send, 413, self._too_large(what))
             return
         chunks, size = [], 0
         while True:
