@@ -83,7 +83,7 @@ class Frames:
         if n % self.stride == 0:
             self.kept[step] = (n, maps)
         cap = max(2, min(self.max_frames, self.max_values // max(1, maps.size)))
-        while len(self.kept) + 1 > cap:  # room for the newest; the first recorded map always stays
+        while len(self.kept) + (step not in self.kept) > cap:  # the first recorded map always stays
             self.stride *= 2
             self.kept = {s: (i, m) for s, (i, m) in self.kept.items() if i % self.stride == 0}
 
