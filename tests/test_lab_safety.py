@@ -363,3 +363,17 @@ def test_a_loopback_name_needs_no_flag():
     with lab_server("--host", "localhost") as url:
         assert url.startswith("http://localhost:")
         assert exchange(port_of(url), http("GET", "/api/limits", "localhost"))[0] == 200
+
+
+def test_every_safety_limit_is_served_and_documented():
+    from dataclasses import fields
+    from pathlib import Path
+
+    names = [f.name for f in fields(Limits)]
+    safety = names[names.index("max_runs") :]
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "lab.md").read_text().split("## Limits and safety")[1]
+    with TestClient(create_app()) as c:
+        served = c.get("/api/limits").json()
+    for name in safety:
+        assert f"`{name}`" in doc, name
+        assert served[name] == getattr(LIMITS, name), name
