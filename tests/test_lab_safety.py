@@ -377,3 +377,25 @@ def test_every_safety_limit_is_served_and_documented():
     for name in safety:
         assert f"`{name}`" in doc, name
         assert served[name] == getattr(LIMITS, name), name
+
+
+@pytest.mark.parametrize(
+    ("pairs", "n", "block", "status", "series_top"),
+    [
+        (1 << 12, 64, 1, 200, 64),  # 64 x 64 pairs: answered; the curve stops before 128 x 128
+        (1 << 12, 64, 2, 200, 128),
+        (1 << 12, 128, 1, 422, None),
+        (LIMITS.max_bigbird_block_pairs, 8192, 1, 422, None),  # minutes of counting before this limit
+    ],
+)
+def test_the_calculator_bounds_bigbird_block_pairs(pairs, n, block, status, series_top):
+    with TestClient(create_app(limits=Limits(max_bigbird_block_pairs=pairs))) as c:
+        t0 = time.monotonic()
+        r = c.post("/api/complexity", json={"n": n, "mask": "bigbird", "mask_params": {"block": block}})
+    assert r.status_code == status, r.text[:300]
+    if status == 200:
+        assert max(p["n"] for p in r.json()["series"]) == series_top
+    else:
+        message = r.json()["message"]
+        assert f"block={block}" in message and f"N={n}" in message and f"max_bigbird_block_pairs={pairs}" in message
+        assert time.monotonic() - t0 < 1.0

@@ -32,8 +32,9 @@ class Limits:
 
     Sizes: ``max_n`` positions on the Explain, Heatmap and Positional pages, ``max_d`` features,
     ``max_heads``; ``max_complexity_n`` for the calculator (``max_complexity_n_bigbird`` with the
-    bigbird mask); ``measure_*`` for the measure button (about a second on a laptop core);
-    ``max_steps`` of a training run and ``max_runs`` running at once.
+    bigbird mask, and at most ``max_bigbird_block_pairs`` pairs of its random blocks);
+    ``measure_*`` for the measure button (about a second on a laptop core); ``max_steps`` of a
+    training run and ``max_runs`` running at once.
 
     Requests: ``max_body_bytes`` per body (0: 1 MiB, or three ``max_n`` x ``max_d`` matrices of
     full-precision numbers if that is more, so that every Explain request within the size limits
@@ -58,6 +59,7 @@ class Limits:
     max_heads: int = 16
     max_complexity_n: int = 1 << 16
     max_complexity_n_bigbird: int = 1 << 13
+    max_bigbird_block_pairs: int = 1 << 24  # block=2 at N=8192: a few seconds to count in this version of qkv
     measure_max_n: int = 4096
     measure_flops: float = 4e9
     measure_bytes: float = 512e6
