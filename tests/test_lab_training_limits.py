@@ -257,7 +257,7 @@ def test_memory_stays_bounded_over_a_long_recorded_run():
     """Every step of the largest model recorded: 128 Ki numbers a step (5-8 MB a step as Python
     lists before). The server's RSS grows by far less than one recorded map per step would, and
     the history stays a few MB."""
-    steps = 180
+    steps = 120
     with lab_process() as (url, proc):
         post(url + "api/train/start?client=big", {**LARGEST, "steps": steps})
         assert wait_for(lambda: len(history(url, "big")[1]["loss"]) >= 20, 120)

@@ -96,7 +96,7 @@ def build_router(limits: Limits, manager: TrainingManager) -> APIRouter:
 
     @api.get("/limits")
     def get_limits() -> dict[str, Any]:
-        """The sizes this lab accepts."""
+        """Every limit of this lab: sizes, bodies, training memory, streams, connections (docs/lab.md)."""
         return {name: getattr(limits, name) for name in limits.__dataclass_fields__}
 
     @api.get("/masks")
