@@ -11,8 +11,8 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def lab_server(*args, timeout=30.0):
-    """Yield the base URL (``http://127.0.0.1:PORT/``) of a lab serving in a subprocess."""
+def lab_process(*args, timeout=30.0):
+    """Yield ``(url, process)`` of a lab serving in a subprocess (``http://127.0.0.1:PORT/``)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "qkv", "lab", "--port", "0", "--json", *args],
@@ -36,7 +36,7 @@ def lab_server(*args, timeout=30.0):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        yield url
+        yield url, proc
     finally:
         proc.terminate()
         try:
@@ -46,3 +46,10 @@ def lab_server(*args, timeout=30.0):
             proc.wait(5)
         for stream in (proc.stdout, proc.stderr):
             stream.close()
+
+
+@contextmanager
+def lab_server(*args, timeout=30.0):
+    """Yield the base URL (``http://127.0.0.1:PORT/``) of a lab serving in a subprocess."""
+    with lab_process(*args, timeout=timeout) as (url, _):
+        yield url

@@ -243,3 +243,32 @@ def test_closing_the_training_page_stops_the_run(browser, lab):
         time.sleep(0.1)
     context.close()
     assert history["status"] == "stopped" and len(history["loss"]) < 3000
+
+
+def test_reloading_the_training_page_keeps_the_run_going(browser, lab):
+    """A run stops only when the last page watching it has been gone for a few seconds: a reload
+    (which closes the page's event stream and opens another) keeps it going."""
+    context = browser.new_context(viewport=VIEWPORT)
+    pg = context.new_page()
+    pg.set_default_timeout(15_000)
+    pg.console = Console(pg)
+    pg.goto(lab + "training")
+    pg.wait_for_selector("#status[data-status=idle]")
+    pg.fill("[name=steps]", "3000")
+    pg.click("#start")
+    pg.wait_for_function("document.querySelector('#status').textContent.includes('step 5')", timeout=20_000)
+    pg.reload()
+    pg.wait_for_selector("#status[data-status=running]")
+    client = next(c["value"] for c in context.cookies() if c["name"] == "qkv_lab_client")
+    with urllib.request.urlopen(f"{lab}api/limits", timeout=5) as r:
+        grace = json.load(r)["orphan_grace_seconds"]
+    pg.wait_for_timeout(1000 * (grace + 1.5))
+    with urllib.request.urlopen(f"{lab}api/train/history?client={client}", timeout=5) as r:
+        before = json.load(r)
+    assert before["status"] == "running", "the reload stopped the run"
+    shown = int(re.search(r"step (\d+)", pg.inner_text("#status"))[1])
+    pg.wait_for_function(f"Number(/step (\\d+)/.exec(document.querySelector('#status').textContent)[1]) > {shown}")
+    pg.click("#stop")
+    pg.wait_for_selector("#status[data-status=stopped]")
+    assert pg.console.unexpected() == [], "console errors"
+    context.close()

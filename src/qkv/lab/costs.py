@@ -21,8 +21,24 @@ from .schemas import ComplexityRequest, LabError, Limits
 _MEASURING = threading.Lock()
 
 
-def _estimate(req: ComplexityRequest, n: int, n_k: int | None = None) -> complexity.Estimate:
+def _block_pairs(req: ComplexityRequest, n: int, n_k: int) -> int:
+    """The (query block, key block) pairs of a bigbird mask's random-block grid (0 for other masks):
+    what counting its tiles costs (about 0.15 µs a pair in this version of qkv)."""
+    block = req.mask_params.get("block", 2)
+    if req.mask != "bigbird" or isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        return 0  # not bigbird, or a block build_mask refuses with its own message
+    return -(-n // block) * -(-n_k // block)
+
+
+def _estimate(req: ComplexityRequest, limits: Limits, n: int, n_k: int | None = None) -> complexity.Estimate:
     nk = n if n_k is None else n_k
+    pairs = _block_pairs(req, n, nk)
+    if pairs > limits.max_bigbird_block_pairs:
+        raise LabError(
+            f"the bigbird mask with block={req.mask_params.get('block', 2)} at N={max(n, nk)} has {pairs} pairs of "
+            f"blocks, above the lab's limit of max_bigbird_block_pairs={limits.max_bigbird_block_pairs} (a larger "
+            "block or a smaller N; `qkv complexity` on the command line has no limit)"
+        )
     with mask_errors(req.mask, req.mask_params):
         mask = build_mask(req.mask, n, nk, **req.mask_params)
         return complexity.estimate(
@@ -63,12 +79,14 @@ def estimate(req: ComplexityRequest, limits: Limits) -> dict[str, Any]:
                 "calculator with the bigbird mask (counting its random blocks grows as N²)"
             )
     top = limits.max_complexity_n_bigbird if req.mask == "bigbird" else limits.max_complexity_n
-    one = _estimate(req, req.n, req.n_k)
+    one = _estimate(req, limits, req.n, req.n_k)
     ratio = 1.0 if req.n_k is None else req.n_k / req.n
     series = []
     for n in _sizes(req.n, top):
         n_k = max(1, min(top, round(n * ratio)))
-        e = one if n == req.n else _estimate(req, n, None if req.n_k is None else n_k)
+        if _block_pairs(req, n, n if req.n_k is None else n_k) > limits.max_bigbird_block_pairs:
+            break  # the curve ends where the calculator's bigbird limit does
+        e = one if n == req.n else _estimate(req, limits, n, None if req.n_k is None else n_k)
         series.append(
             {
                 "n": n,
@@ -99,7 +117,7 @@ def measure(req: ComplexityRequest, limits: Limits) -> dict[str, Any]:
     from ..bench import measure as timed
 
     n_k = req.n if req.n_k is None else req.n_k
-    e = _estimate(req, req.n, req.n_k)
+    e = _estimate(req, limits, req.n, req.n_k)
     work = e.input_bytes + e.output_bytes + e.peak_bytes
     if max(req.n, n_k) > limits.measure_max_n or e.flops > limits.measure_flops or work > limits.measure_bytes:
         raise LabError(

@@ -3,17 +3,21 @@
 A client is named by the ``client`` query parameter or, failing that, by the ``qkv_lab_client``
 cookie that every page sets; training runs, their history and the learned positional table
 belong to a client. Handlers that compute are plain ``def``: FastAPI runs them in its thread
-pool, so a slow request never blocks the event loop or the training stream.
+pool, so a slow request never blocks the event loop or the training stream. The event stream
+writes its events in chunks of up to ``CHUNK`` characters, made in at most ``WRITERS`` threads
+at once, so that replaying a long run to many viewers leaves the event loop free.
 """
 
 import asyncio
-import json
 import secrets
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Cookie, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from . import compute, costs
 from .schemas import (
@@ -30,11 +34,14 @@ from .training import TrainingManager
 
 COOKIE = "qkv_lab_client"
 POLL = 0.05  # seconds between looks at a run's events (and at the client's connection)
+CHUNK = 1 << 18  # characters of events written at once (a replay of a whole run: a few writes)
+WRITERS = 2  # threads making event chunks at once, over all streams (two cores)
 
 ClientParam = Annotated[str | None, Query(alias="client", max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 _INVALID: dict[int | str, dict[str, Any]] = {422: {"model": Refusal, "description": "Invalid request or above a limit"}}
 _BUSY: dict[int | str, dict[str, Any]] = {409: {"model": Refusal, "description": "A run is already going"}}
 _UNKNOWN: dict[int | str, dict[str, Any]] = {404: {"model": Refusal, "description": "No such client or run"}}
+_CROWDED: dict[int | str, dict[str, Any]] = {429: {"model": Refusal, "description": "Too many streams or clients"}}
 ClientCookie = Annotated[str | None, Cookie(alias=COOKIE, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 
 
@@ -56,13 +63,40 @@ def _known_client(client: str | None, cookie: str | None) -> str:
     return name
 
 
+_writers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.CapacityLimiter]" = weakref.WeakKeyDictionary()
+
+
+def _writer_threads() -> anyio.CapacityLimiter:
+    """The event loop's limiter of threads making event chunks (one per loop: a limiter is bound to its loop)."""
+    loop = asyncio.get_running_loop()
+    if loop not in _writers:
+        _writers[loop] = anyio.CapacityLimiter(WRITERS)
+    return _writers[loop]
+
+
+class EventStream(StreamingResponse):
+    """A ``text/event-stream`` response that calls ``release`` once it is over, however it ends."""
+
+    def __init__(self, content: AsyncIterator[str], release: Callable[[], None]) -> None:
+        super().__init__(
+            content, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
+
+
 def build_router(limits: Limits, manager: TrainingManager) -> APIRouter:
     """Every ``/api`` route, bound to the app's limits and training manager."""
     api = APIRouter(prefix="/api")
 
     @api.get("/limits")
     def get_limits() -> dict[str, Any]:
-        """The sizes this lab accepts."""
+        """Every limit of this lab: sizes, bodies, training memory, streams, connections (docs/lab.md)."""
         return {name: getattr(limits, name) for name in limits.__dataclass_fields__}
 
     @api.get("/masks")
@@ -100,7 +134,7 @@ def build_router(limits: Limits, manager: TrainingManager) -> APIRouter:
         """Time the call (small sizes only)."""
         return costs.measure(req, limits)
 
-    @api.post("/train/start", responses={**_INVALID, **_BUSY})
+    @api.post("/train/start", responses={**_INVALID, **_BUSY, **_CROWDED})
     def post_train_start(
         req: TrainRequest, response: Response, client: ClientParam = None, cookie: ClientCookie = None
     ) -> dict[str, Any]:
@@ -118,52 +152,52 @@ def build_router(limits: Limits, manager: TrainingManager) -> APIRouter:
         return {"run": run.id, "status": run.status, "stopping": not run.finished}
 
     @api.get("/train/history", responses=_INVALID)
-    def get_train_history(client: ClientParam = None, cookie: ClientCookie = None) -> dict[str, Any]:
-        """Everything this client's latest run recorded (for the scrubber); ``{"status": "none"}``
-        when it has none yet."""
+    def get_train_history(client: ClientParam = None, cookie: ClientCookie = None) -> Response:
+        """Everything this client's latest run recorded (for the scrubber): ``loss``, ``accuracy``,
+        the kept ``attention`` maps; ``{"status": "none"}`` when it has none (or it was forgotten)."""
         name = client or cookie
         run = None if name is None else manager.get(name)
-        return {"run": None, "status": "none"} if run is None else run.summary()
+        text = '{"run": null, "status": "none"}' if run is None else run.summary_json()
+        return Response(text, media_type="application/json")
 
-    @api.get("/train/events", responses={**_INVALID, **_UNKNOWN})
+    @api.get("/train/events", responses={**_INVALID, **_UNKNOWN, **_CROWDED})
     async def get_train_events(
         request: Request,
         client: ClientParam = None,
         cookie: ClientCookie = None,
         since: Annotated[int, Query(ge=0)] = 0,
-        last_event_id: Annotated[str | None, Header()] = None,
+        last_event_id: Annotated[str | None, Header(max_length=20)] = None,
     ) -> StreamingResponse:
         """Server-sent events of this client's latest run from event ``since``; ends with the run.
-        A client that goes away (closes the page) stops the run."""
-        run = manager.get(_known_client(client, cookie))
-        if run is None:
-            raise LabError("this client has no training run yet: POST /api/train/start", status=404)
+        At most ``max_streams_per_run`` streams per run and ``max_streams`` in all (429 beyond).
+        When the last stream of a run that is still going closes, the run stops
+        ``orphan_grace_seconds`` later unless a stream opens again."""
+        run, release = manager.open_stream(_known_client(client, cookie))
         if last_event_id is not None and last_event_id.isdigit():
             since = max(since, int(last_event_id) + 1)  # an EventSource reconnecting resumes
 
         async def stream() -> AsyncIterator[str]:
-            index, ended = since, False
-            try:
-                yield "retry: 1000\n\n"
-                while True:
-                    for event in run.events_since(index):
-                        index = event["index"] + 1
-                        yield f"id: {event['index']}\ndata: {json.dumps(event)}\n\n"
-                        if event["type"] in ("done", "stopped", "error"):
-                            ended = True
-                            return
-                    if run.finished and index >= len(run.events_since(0)):
-                        ended = True  # asked for events past the end of a run that is over
+            index = since
+            yield "retry: 1000\n\n"
+            while True:
+                if index < run.event_count() or run.finished:
+                    text, index, ended = await anyio.to_thread.run_sync(
+                        run.sse_chunk, index, CHUNK, limiter=_writer_threads()
+                    )
+                    if text:
+                        yield text
+                    if ended:
                         return
-                    if await request.is_disconnected():
-                        return
-                    await asyncio.sleep(POLL)
-            finally:
-                if not ended:
-                    run.stop()  # the page went away: nobody is watching this run
+                    if text:
+                        continue
+                if await request.is_disconnected():
+                    return
+                await asyncio.sleep(POLL)
 
-        return StreamingResponse(
-            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        )
+        try:
+            return EventStream(stream(), release)
+        except BaseException:
+            release()
+            raise
 
     return api

@@ -7,6 +7,7 @@ lists of rows of finite numbers; their shapes are checked here, their agreement 
 other (``Dk`` of q and k, ``Nk`` of k and v) by ``qkv.attention``'s own checks.
 """
 
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -20,23 +21,89 @@ Matrix = list[list[Number]]
 POS = ("rope", "alibi", "sinusoidal", "learned")
 
 
+NUMBER_BYTES = 26  # the longest JSON a float64 needs ("-1.2345678901234567e-308") and ", "
+ECHO = 100  # characters of a caller's value a refusal quotes at most
+_LONG_WORD = re.compile(rf"\S{{{ECHO + 21},}}")
+
+
 @dataclass(frozen=True)
 class Limits:
-    """Sizes the lab accepts: ``max_n`` positions on the Explain, Heatmap and Positional pages,
-    ``max_complexity_n`` for the calculator
-    (``max_complexity_n_bigbird`` with the bigbird mask), ``measure_flops`` / ``measure_bytes`` for the
-    measure button (about a second on a laptop core), ``max_steps`` for training."""
+    """Everything the lab bounds, as ``/api/limits`` shows it (``docs/lab.md``, "Limits and safety").
+
+    Sizes: ``max_n`` positions on the Explain, Heatmap and Positional pages, ``max_d`` features,
+    ``max_heads``; ``max_complexity_n`` for the calculator (``max_complexity_n_bigbird`` with the
+    bigbird mask, and at most ``max_bigbird_block_pairs`` pairs of its random blocks);
+    ``measure_*`` for the measure button (about a second on a laptop core); ``max_steps`` of a
+    training run and ``max_runs`` running at once.
+
+    Requests: ``max_body_bytes`` per body (0: 1 MiB, or three ``max_n`` x ``max_d`` matrices of
+    full-precision numbers if that is more, so that every Explain request within the size limits
+    fits).
+
+    Training memory: a run keeps at most ``max_frames_per_run`` recorded attention maps and
+    ``max_frame_values_per_run`` numbers in them (2 bytes each); the lab remembers the runs of
+    ``max_clients`` clients and ``max_recorded_bytes`` of their records in all, and forgets a
+    finished run unused for ``run_ttl_seconds`` (least recently used first when over a bound).
+
+    Event streams: ``max_streams_per_run`` and ``max_streams`` in all (more are refused with
+    429); a run nobody watches any more stops ``orphan_grace_seconds`` after its last viewer left.
+
+    Connections (``qkv lab``'s uvicorn): a request's headers and body must arrive within
+    ``request_timeout_seconds``, an idle keep-alive connection closes after
+    ``keep_alive_seconds``, headers are at most ``max_header_bytes``, and at most
+    ``max_connections`` are served at once (503 beyond).
+    """
 
     max_n: int = 128
     max_d: int = 256
     max_heads: int = 16
     max_complexity_n: int = 1 << 16
     max_complexity_n_bigbird: int = 1 << 13
+    max_bigbird_block_pairs: int = 1 << 24  # block=2 at N=8192: a few seconds to count in this version of qkv
     measure_max_n: int = 4096
     measure_flops: float = 4e9
     measure_bytes: float = 512e6
     max_steps: int = 3000
     max_runs: int = 2  # training runs at once over all clients (two cores)
+    max_body_bytes: int = 0
+    max_frames_per_run: int = 64
+    max_frame_values_per_run: int = 1 << 20
+    max_recorded_bytes: int = 32 << 20
+    max_clients: int = 32
+    run_ttl_seconds: float = 3600.0
+    max_streams_per_run: int = 4
+    max_streams: int = 32
+    orphan_grace_seconds: float = 3.0
+    request_timeout_seconds: float = 5.0
+    keep_alive_seconds: int = 5
+    max_header_bytes: int = 16 << 10
+    max_connections: int = 128
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes <= 0:
+            explain = 3 * self.max_n * self.max_d * NUMBER_BYTES + (64 << 10)
+            object.__setattr__(self, "max_body_bytes", max(1 << 20, explain))
+
+
+def shown(value: Any, limit: int = ECHO) -> str:
+    """``repr(value)``, cut to ``limit`` characters with the full length said: what a refusal may
+    quote of a caller's value (a megabyte-long string is never sent back)."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def clipped(message: str, limit: int = 1000) -> str:
+    """A refusal's message of at most about ``limit`` characters, whoever wrote it (the library's
+    messages quote values in full): every word longer than ``ECHO`` + 20 characters cut to ``ECHO``,
+    then, if still too long, its start and its end (which name the field and the limit) kept and
+    the middle elided."""
+    message = _LONG_WORD.sub(lambda m: f"{m[0][:ECHO]}... ({len(m[0])} characters)", message)
+    if len(message) <= limit:
+        return message
+    half = limit // 2
+    return f"{message[:half]} ... ({len(message) - 2 * half} characters elided) ... {message[-half:]}"
 
 
 class LabError(Exception):
@@ -69,7 +136,7 @@ class _Body(BaseModel):
 
 def _kind(value: str) -> str:
     if value not in MASK_KINDS:
-        raise ValueError(f"unknown mask kind {value!r}; allowed: {', '.join(MASK_KINDS)}")
+        raise ValueError(f"unknown mask kind {shown(value)}; allowed: {', '.join(MASK_KINDS)}")
     return value
 
 
@@ -99,7 +166,7 @@ class ExplainRequest(MaskSpec):
             return m
         name = info.field_name
         if not m or not m[0]:
-            raise ValueError(f"{name} must be a non-empty matrix (a list of rows of numbers), got {m!r}")
+            raise ValueError(f"{name} must be a non-empty matrix (a list of rows of numbers), got {shown(m)}")
         for i, row in enumerate(m):
             if len(row) != len(m[0]):
                 raise ValueError(

@@ -111,6 +111,7 @@ def train(
     n_kv_heads: int | None = None,
     pos: str = "learned",
     record_every: int | None = None,
+    keep_attention: bool = True,
     eval_size: int = 256,
     progress: bool = False,
     callback: Callable[[dict[str, Any]], bool | None] | None = None,
@@ -120,11 +121,12 @@ def train(
 
     ``steps`` defaults to the task's budget, ``length`` to its default size (prompt symbols; for
     recall, key–value pairs). ``record_every=k`` records the probe's attention maps at step 0,
-    every ``k`` steps and at the end. ``progress=True`` shows a rich progress bar; ``callback``
-    receives ``{"step", "loss", "accuracy"}`` after each step (plus ``"attention"`` when
-    recorded); if it returns ``False``, training stops after that step and the partial history
-    is evaluated and returned. Returns a ``History``; ``history.model`` is the trained model (in
-    eval mode).
+    every ``k`` steps and at the end; ``keep_attention=False`` hands them to ``callback`` only,
+    without keeping them in ``history.attention`` (a long run's memory stays flat).
+    ``progress=True`` shows a rich progress bar; ``callback`` receives ``{"step", "loss",
+    "accuracy"}`` after each step (plus ``"attention"`` when recorded); if it returns ``False``,
+    training stops after that step and the partial history is evaluated and returned. Returns a
+    ``History``; ``history.model`` is the trained model (in eval mode).
 
     >>> h = train("reverse", seed=0)
     >>> h.eval_accuracy > 0.99
@@ -151,7 +153,7 @@ def train(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))
     )
     model.train()
-    if record is not None:
+    if record is not None and keep_attention:
         history.attention.append(_snapshot(model, tokens[0], 0))
     bar = _progress(progress, task, steps)
     try:
@@ -167,8 +169,10 @@ def train(
             history.accuracy.append(float(acc.detach()))
             info: dict[str, Any] = {"step": step, "loss": history.loss[-1], "accuracy": history.accuracy[-1]}
             if record is not None and (step % record == 0 or step == steps):
-                history.attention.append(_snapshot(model, tokens[0], step))
-                info["attention"] = history.attention[-1].weights
+                snapshot = _snapshot(model, tokens[0], step)
+                if keep_attention:
+                    history.attention.append(snapshot)
+                info["attention"] = snapshot.weights
             stop = callback is not None and callback(info) is False
             bar.update(info)
             if stop:

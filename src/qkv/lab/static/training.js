@@ -9,6 +9,10 @@
   const curves = document.getElementById("curves"), maps = document.getElementById("maps");
   const mapsTitle = document.getElementById("maps-title");
   let state = null, source = null, pending = false, follow = true;
+  // The server keeps at most this many maps of a run (and this many numbers in them); the page too.
+  let maxFrames = 64, maxValues = 1 << 20;
+  Lab.api("limits").then((l) => { maxFrames = l.max_frames_per_run; maxValues = l.max_frame_values_per_run; })
+    .catch(() => {});
 
   function reset(params) {
     state = { params: params || {}, total: params ? params.steps : 0, loss: [], accuracy: [], snapshots: [],
@@ -74,11 +78,19 @@
     if (!pending) { pending = true; setTimeout(draw, 120); }
   }
 
+  // Like the server: past the budget, drop every other kept map (the first and the newest stay).
+  function thin(snapshots) {
+    const w = snapshots[0].weights, size = w.length * w[0].length * w[0][0].length * w[0][0].length;
+    const cap = Math.max(2, Math.min(maxFrames, Math.floor(maxValues / size)));
+    while (snapshots.length > cap) snapshots = snapshots.filter((_, i, a) => i % 2 === 0 || i === a.length - 1);
+    return snapshots;
+  }
+
   function onEvent(e) {
     if (e.type === "queued") reset(e.params);
     else if (e.type === "step") {
       state.loss.push(e.loss); state.accuracy.push(e.accuracy);
-      if (e.attention) state.snapshots.push({ step: e.step, weights: e.attention });
+      if (e.attention) state.snapshots = thin([...state.snapshots, { step: e.step, weights: e.attention }]);
     } else if (e.type === "done" || e.type === "stopped" || e.type === "error") {
       state.status = e.type; state.end = e; state.probe = e.probe || null;
       if (source) { source.close(); source = null; }
@@ -90,6 +102,12 @@
     if (source) source.close();
     source = new EventSource("/api/train/events");
     source.onmessage = (m) => onEvent(JSON.parse(m.data));
+    source.onerror = () => {  // CLOSED: refused (e.g. 429, too many pages watching this run), not a blip
+      if (source && source.readyState === EventSource.CLOSED) {
+        source = null;
+        Lab.showError("the training's event stream was refused (too many pages watching this run?): reload to retry");
+      }
+    };
   }
 
   startButton.addEventListener("click", async () => {
