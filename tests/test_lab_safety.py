@@ -385,7 +385,8 @@ def test_every_safety_limit_is_served_and_documented():
         (1 << 12, 64, 1, 200, 64),  # 64 x 64 pairs: answered; the curve stops before 128 x 128
         (1 << 12, 64, 2, 200, 128),
         (1 << 12, 128, 1, 422, None),
-        (LIMITS.max_bigbird_block_pairs, 8192, 1, 422, None),  # minutes of counting before this limit
+        (1 << 24, 8192, 1, 422, None),  # a lab configured below the default refuses at once
+        (LIMITS.max_bigbird_block_pairs, 8192, 1, 200, 8192),  # block=1 at the largest N: counted quickly
     ],
 )
 def test_the_calculator_bounds_bigbird_block_pairs(pairs, n, block, status, series_top):

@@ -150,7 +150,7 @@ def _mods(c: Call) -> tuple[tuple[Any, ...], ...]:
         return ()
     assert c.score_mod.native is not None
     h = c.dims.h if c.dims.has_heads else 1
-    ops = []
+    ops: list[tuple[Any, ...]] = []
     for op in c.score_mod.native:
         if op[0] == "alibi":
             slopes = alibi_slopes(h) if op[1] is None else op[1]
@@ -172,7 +172,7 @@ def _bias(c: Call) -> Any:
     if c.bias is None:
         return None
     d = c.dims
-    b = c.bias
+    b: Any = c.bias
     shape = d.score_shape if d.has_heads else (1, 1, d.nq, d.nk)
     if not d.has_heads:
         b = b.reshape((1,) * (4 - b.ndim) + tuple(b.shape)) if b.ndim < 4 else b
