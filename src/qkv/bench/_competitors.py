@@ -83,15 +83,36 @@ def _grads(out: Any, x: Inputs) -> list[Any]:
     return [out, *torch.autograd.grad(out, (x.q, x.k, x.v), x.dout)]
 
 
-def _qkv(impl: str, lib: str) -> Callable[[Workload, str, CaseData], Run]:
+def _qkv(impl: str, lib: str, engine: str | None = None, threads: int | None = None) -> Callable[..., Run]:
+    """``qkv.attention`` with ``impl`` on ``lib`` arrays; ``engine`` forces the flash kernel's engine
+    (through the internal ``Call``), ``threads`` runs the call with that many torch threads (the
+    compiled engine follows torch's count)."""
+
+    def attend(q: Any, k: Any, v: Any, mask: Any) -> Any:
+        if engine is None:
+            return qkv.attention(q, k, v, mask=mask, impl=impl)
+        from .._core import run
+        from .._impls import build_call
+
+        return run(build_call(q, k, v, mask=mask, engine=engine), impl).out
+
     def build(w: Workload, mode: str, data: CaseData) -> Run:
         x = data.inputs(lib, grad=mode == "fwdbwd" and lib == "torch")
 
         def fwd() -> list[Any]:
-            return [qkv.attention(x.q, x.k, x.v, mask=w.mask, impl=impl)]
+            if threads is None:
+                return [attend(x.q, x.k, x.v, w.mask)]
+            import torch
+
+            saved = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                return [attend(x.q, x.k, x.v, w.mask)]
+            finally:
+                torch.set_num_threads(saved)
 
         def fwdbwd_torch() -> list[Any]:
-            return _grads(qkv.attention(x.q, x.k, x.v, mask=w.mask, impl=impl), x)
+            return _grads(attend(x.q, x.k, x.v, w.mask), x)
 
         def fwdbwd_numpy() -> list[Any]:
             out, lse = qkv.attention(x.q, x.k, x.v, mask=w.mask, impl=impl, return_lse=True)
@@ -140,6 +161,8 @@ COMPETITORS: dict[str, Competitor] = {
     c.name: c
     for c in (
         Competitor("qkv-flash", _qkv("flash", "torch"), True, 0),
+        Competitor("qkv-flash-array", _qkv("flash", "torch", engine="array"), True, 0),
+        Competitor("qkv-flash-1thread", _qkv("flash", "torch", threads=1), False, 0),
         Competitor("qkv-auto", _qkv("auto", "torch"), True, 0),
         Competitor("qkv-torch", _qkv("torch", "torch"), True, 0),
         Competitor("qkv-reference", _qkv("reference", "torch"), True, 2),
@@ -171,7 +194,7 @@ def to_numpy(x: Any) -> np.ndarray:
     """A NumPy view or copy of an output array (detached from autograd)."""
     if isinstance(x, np.ndarray):
         return x
-    return x.detach().cpu().numpy()
+    return x.detach().cpu().float().numpy() if str(x.dtype) == "torch.bfloat16" else x.detach().cpu().numpy()
 
 
 def max_abs_diff(a: list[Any], b: list[Any]) -> float:

@@ -23,7 +23,7 @@ class Unavailable(Exception):
 
 WINDOW = 256
 DOCUMENTS = 8
-WORKLOADS = ("dense", "causal", "sliding", "document", "gqa", "decode", "decode-gqa")
+WORKLOADS = ("dense", "causal", "sliding", "document", "gqa", "decode", "decode-gqa", "dense-bf16")
 MODES = ("fwd", "fwdbwd")
 
 
@@ -81,7 +81,7 @@ def workload(name: str, n: int, *, b: int = 1, h: int = 8, d: int = 64, hkv: int
     grouped = name in ("gqa", "decode-gqa")
     kv = hkv if hkv is not None else (max(1, h // 4) if grouped else h)
     nq = 1 if name.startswith("decode") else n
-    if name in ("dense", "decode", "decode-gqa"):
+    if name in ("dense", "decode", "decode-gqa", "dense-bf16"):
         return Workload(name, b, h, kv, nq, n, d, None)
     if name in ("causal", "gqa"):
         return Workload(name, b, h, kv, nq, n, d, masks.causal())
@@ -108,12 +108,16 @@ def make_inputs(w: Workload, lib: str = "torch", *, grad: bool = False, seed: in
         rng.standard_normal((w.b, w.h, w.nq, w.d), dtype=np.float32),
     ]
     if lib == "numpy":
+        if w.name.endswith("-bf16"):
+            raise Unavailable("NumPy has no bfloat16")
         return Inputs(*arrays)
     if lib != "torch":
         raise ValueError(f"lib must be 'numpy' or 'torch', got {lib!r}")
     import torch
 
     t = [torch.from_numpy(a) for a in arrays]
+    if w.name.endswith("-bf16"):  # bfloat16 inputs (torch only: NumPy has no bfloat16)
+        t = [a.to(torch.bfloat16) for a in t]
     if grad:
         for x in t[:3]:
             x.requires_grad_(True)
