@@ -37,8 +37,9 @@ def cpu_line() -> str:
         m = re.search(r"model name\s*:\s*(.*)", text)
         model = m.group(1) if m else model
         fl = re.search(r"flags\s*:\s*(.*)", text)
-        flags = " ".join(x for x in (fl.group(1).split() if fl else []) if x in ("avx2", "fma", "f16c", "avx512f",
-                                                                                   "avx512bf16"))
+        flags = " ".join(
+            x for x in (fl.group(1).split() if fl else []) if x in ("avx2", "fma", "f16c", "avx512f", "avx512bf16")
+        )
     return f"{model} ({os.cpu_count()} cpus; {flags}); qkv._native path: {native.isa()}"
 
 
@@ -131,13 +132,24 @@ def case_dense(reps):
     q, k, v = qkv_(4096)
     dout = torch.randn(q.shape)
     report("dense fwd N=4096", interleave(lambda: ours_fwd(q, k, v), lambda: sdpa_fwd(q, k, v), reps), ">= 1.2x")
-    report("dense fwd+bwd N=4096", interleave(lambda: ours_fwd_bwd(q, k, v, dout),
-                                              lambda: sdpa_fwd_bwd(q, k, v, dout), reps), ">= 1.2x")
+    report(
+        "dense fwd+bwd N=4096",
+        interleave(lambda: ours_fwd_bwd(q, k, v, dout), lambda: sdpa_fwd_bwd(q, k, v, dout), reps),
+        ">= 1.2x",
+    )
     rows = causal_rows(4096)
-    report("causal fwd N=4096", interleave(lambda: ours_fwd(q, k, v, rows=rows),
-                                           lambda: sdpa_fwd(q, k, v, is_causal=True), reps), ">= 1.3x")
-    report("causal fwd+bwd N=4096", interleave(lambda: ours_fwd_bwd(q, k, v, dout, rows=rows),
-                                               lambda: sdpa_fwd_bwd(q, k, v, dout, is_causal=True), reps), ">= 1.3x")
+    report(
+        "causal fwd N=4096",
+        interleave(lambda: ours_fwd(q, k, v, rows=rows), lambda: sdpa_fwd(q, k, v, is_causal=True), reps),
+        ">= 1.3x",
+    )
+    report(
+        "causal fwd+bwd N=4096",
+        interleave(
+            lambda: ours_fwd_bwd(q, k, v, dout, rows=rows), lambda: sdpa_fwd_bwd(q, k, v, dout, is_causal=True), reps
+        ),
+        ">= 1.3x",
+    )
 
 
 def case_sparse(reps):
@@ -147,11 +159,20 @@ def case_sparse(reps):
     for name, rows in (("sliding window 256", window_rows(n, 256)), ("8 causal documents", docs_rows(n, 8))):
         mask = dense_mask(rows, n)
         t = [timed(lambda rows=rows: ours_fwd(q, k, v, rows=rows)) for _ in range(reps + 1)][1:]
-        print(f"| {name} fwd N={n} (ours alone) | {np.median(t) * 1e3:.1f} (min {min(t) * 1e3:.1f}) | | | "
-              "fast as possible |", flush=True)
-        report(f"{name} fwd+bwd N={n} vs SDPA dense bool mask",
-               interleave(lambda rows=rows: ours_fwd_bwd(q, k, v, dout, rows=rows),
-                          lambda mask=mask: sdpa_masked(q, k, v, mask, dout), max(2, reps // 2)), ">= 25x")
+        print(
+            f"| {name} fwd N={n} (ours alone) | {np.median(t) * 1e3:.1f} (min {min(t) * 1e3:.1f}) | | | "
+            "fast as possible |",
+            flush=True,
+        )
+        report(
+            f"{name} fwd+bwd N={n} vs SDPA dense bool mask",
+            interleave(
+                lambda rows=rows: ours_fwd_bwd(q, k, v, dout, rows=rows),
+                lambda mask=mask: sdpa_masked(q, k, v, mask, dout),
+                max(2, reps // 2),
+            ),
+            ">= 25x",
+        )
 
 
 def stream_read(k, v):
@@ -166,8 +187,11 @@ def case_decode(reps):
         res = interleave(lambda q=q, k=k, v=v: ours_fwd(q, k, v), lambda k=k, v=v: stream_read(k, v), reps * 4)
         ta, tb, r, lo, hi = res
         gbs = (k.numel() + v.numel()) * 4 / ta / 1e9
-        print(f"| decode L={n} H={h}/{hkv} Nq=1 vs streaming read of K+V | {ta * 1e3:.2f} ({gbs:.1f} GB/s) | "
-              f"{tb * 1e3:.2f} | **{r:.2f}** ({lo:.2f}-{hi:.2f}) of the floor | >= 0.80 |", flush=True)
+        print(
+            f"| decode L={n} H={h}/{hkv} Nq=1 vs streaming read of K+V | {ta * 1e3:.2f} ({gbs:.1f} GB/s) | "
+            f"{tb * 1e3:.2f} | **{r:.2f}** ({lo:.2f}-{hi:.2f}) of the floor | >= 0.80 |",
+            flush=True,
+        )
 
 
 def case_bf16(reps):
@@ -177,8 +201,11 @@ def case_bf16(reps):
 
 def case_threads(reps):
     q, k, v = qkv_(4096)
-    report("dense fwd N=4096: 2 threads vs 1 (ratio = t1 / t2)",
-           interleave(lambda: ours_fwd(q, k, v, threads=2), lambda: ours_fwd(q, k, v, threads=1), reps), ">= 1.8x")
+    report(
+        "dense fwd N=4096: 2 threads vs 1 (ratio = t1 / t2)",
+        interleave(lambda: ours_fwd(q, k, v, threads=2), lambda: ours_fwd(q, k, v, threads=1), reps),
+        ">= 1.8x",
+    )
 
 
 MEM_PROBE = r"""
@@ -218,17 +245,28 @@ def case_long(reps):
 def case_micro(reps):
     """Single-thread throughput of the tile step's pieces on L1-resident data (float32, 16 queries x
     128 keys, D = 64), next to the core's register-only FMA peak: where the time of a miss goes."""
-    names = ((4, "register-only FMA peak", "GFLOP/s"), (0, "S^T = K Q^T micro-kernel", "GFLOP/s"),
-             (1, "O^T += V^T P^T micro-kernel", "GFLOP/s"), (2, "vectorised exp2", "G exp/s"),
-             (3, "whole tile step (S, softmax, rescale, P.V)", "GFLOP/s"))
+    names = (
+        (4, "register-only FMA peak", "GFLOP/s"),
+        (0, "S^T = K Q^T micro-kernel", "GFLOP/s"),
+        (1, "O^T += V^T P^T micro-kernel", "GFLOP/s"),
+        (2, "vectorised exp2", "G exp/s"),
+        (3, "whole tile step (S, softmax, rescale, P.V)", "GFLOP/s"),
+    )
     for kind, name, unit in names:
         vals = [native._ext._microbench(kind, 3000) for _ in range(max(3, reps))]
-        print(f"| micro: {name} (1 thread) | {np.median(vals):.1f} {unit} (max {max(vals):.1f}) | | | |",
-              flush=True)
+        print(f"| micro: {name} (1 thread) | {np.median(vals):.1f} {unit} (max {max(vals):.1f}) | | | |", flush=True)
 
 
-CASES = {"micro": case_micro, "dense": case_dense, "sparse": case_sparse, "decode": case_decode, "bf16": case_bf16,
-         "threads": case_threads, "memory": case_memory, "long": case_long}
+CASES = {
+    "micro": case_micro,
+    "dense": case_dense,
+    "sparse": case_sparse,
+    "decode": case_decode,
+    "bf16": case_bf16,
+    "threads": case_threads,
+    "memory": case_memory,
+    "long": case_long,
+}
 
 
 def main() -> None:
@@ -239,8 +277,10 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(THREADS)
     names = args.only.split(",") if args.only else [c for c in CASES if c != "long" or args.long]
-    print(f"CPU: {cpu_line()}; torch {torch.__version__} with torch.set_num_threads({THREADS}), "
-          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
+    print(
+        f"CPU: {cpu_line()}; torch {torch.__version__} with torch.set_num_threads({THREADS}), "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}"
+    )
     print(f"command: {' '.join([os.path.basename(sys.executable)] + sys.argv)}\n")
     print("| case | ours ms | other ms | ratio median (min-max) | target |")
     print("|---|---|---|---|---|")
