@@ -55,18 +55,23 @@ def _kept_pairs(allowed, bq, bk):
 
 
 def test_dense_flash_uses_the_large_tiles():
+    """The array engine's 256 x 512, or the compiled engine's own 64 x 128 when it runs."""
+    from qkv import _native
+
     e = estimate(1024, impl="flash", heads=2)
-    assert e.tiles == (256, 512) and e.pairs == 1024 * 1024
+    assert e.tiles == ((64, 128) if _native.available() else (256, 512)) and e.pairs == 1024 * 1024
 
 
 def test_causal_flash_counts_the_tiles_it_keeps():
     e = estimate(1024, impl="flash", mask=masks.causal(), heads=2)
-    assert e.tiles in {(256, 512), (128, 256), (128, 128)}  # the kernel's candidates
+    assert e.tiles in {(256, 512), (128, 256), (128, 128), (64, 128)}  # the engines' candidates
     assert e.pairs == _kept_pairs(O.causal_allowed(1024, 1024), *e.tiles)
     if e.tiles == (256, 512):  # 4 x 2 tiles; key block [512, 1024) hidden from query blocks 0 and 1
         assert e.pairs == 6 * 256 * 512
     if e.tiles == (128, 256):  # 8 x 4 tiles; query block r keeps key blocks c <= r // 2
         assert e.pairs == 20 * 128 * 256
+    if e.tiles == (64, 128):  # 16 x 8 tiles; query block r keeps key blocks c <= r // 2
+        assert e.pairs == 72 * 64 * 128
     assert e.flops == 2 * 2 * e.pairs * (64 + 64)
     ref = estimate(1024, impl="reference", mask=masks.causal(), heads=2)
     assert ref.pairs == 1024 * 1024  # the reference computes the dense matrix, then masks it
@@ -114,10 +119,10 @@ def test_bad_arguments_raise_typed_errors():
 # --------------------------------------------------------------------------- measured
 
 
-MEASURED = [  # each predicted at >= 10 MB: below that, allocator reuse of resident memory dominates
+MEASURED = [  # (the compiled engine's forward aside) predicted at >= 10 MB, where RSS is reliable
     pytest.param("numpy", "reference", 1024, 4, "none", False, id="numpy-reference"),
-    pytest.param("numpy", "flash", 2048, 16, "none", False, id="numpy-flash"),
-    pytest.param("numpy", "flash", 1024, 16, "none", True, id="numpy-flash-backward"),
+    pytest.param("numpy", "flash", 2048, 32, "none", False, id="numpy-flash"),
+    pytest.param("numpy", "flash", 1024, 40, "none", True, id="numpy-flash-backward"),
     pytest.param("torch", "flash", 2048, 32, "causal", True, id="torch-flash-causal-backward", marks=needs_torch),
     pytest.param(
         "torch", "torch", 2048, 8, "sliding_window:window=128", False, id="torch-sdpa-mask", marks=needs_torch
@@ -148,7 +153,11 @@ def test_predicted_peak_memory_is_within_2x_of_the_measured(lib, impl, n, h, mas
     # RSS can only under-read a peak (the allocator reuses memory it already held), so the peak is
     # the larger of two fresh-process readings
     got = max((measure(config) for _ in range(2)), key=lambda r: r["extra"])
-    assert e.peak_bytes >= 10e6  # large enough for RSS to see
+    if e.peak_bytes < 10e6:
+        # the compiled engine's forward keeps O(N) (lse and per-thread tiles): too little for RSS
+        # to read, so check the bound: less than half of one 16 MiB input, never a copy of one
+        assert impl == "flash" and not backward and got["extra"] <= 2 * max(e.peak_bytes, 4 * 2**20), got
+        return
     assert 0.5 <= got["extra"] / e.peak_bytes <= 2.0, (got, e.peak_bytes)
 
 

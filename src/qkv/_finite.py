@@ -42,11 +42,29 @@ def hidden_to_inf(xp: Any, s: Array, hidden: Array) -> Array:
     return xp.where(hidden, xp.asarray(-float("inf"), dtype=s.dtype), s)
 
 
+def may_overflow(xp: Any, *arrays: Any, scale: float) -> bool:
+    """Whether ``q (..., Nq, Dk)`` and ``k (..., Nk, Dk)`` (the first two of ``arrays``), plus any
+    bias after them, could give a score beyond a quarter of the accumulator's range, or hold a
+    non-finite value: ``|q · k · scale| <= max|q| · max|k| · Dk · |scale|``, and a quarter leaves
+    room for the log2(e) of an ``exp2`` domain and a score mod's offsets."""
+    given = [x for x in arrays if x is not None]
+    if any(is_traced(x) for x in given):
+        return False
+    q, k, rest = given[0], given[1], given[2:]
+    big = [float(np.max(np.abs(to_numpy(x)))) if math.prod(x.shape) else 0.0 for x in (q, k, *rest)]
+    if not all(math.isfinite(b) for b in big):
+        return True
+    bound = big[0] * big[1] * q.shape[-1] * abs(scale) + sum(big[2:])
+    return not bound <= float(np.finfo(np.float64 if dtype_name(q) == "float64" else np.float32).max) / 4
+
+
 def check_overflow(xp: Any, out: Array, *arrays: Any, scale: float) -> None:
     """Raise ``ArgumentError`` if ``out`` holds NaN although every input in ``arrays`` is finite
     (the scores overflowed); NaN from NaN inputs is left as it is."""
-    if is_traced(out) or not bool(xp.any(xp.isnan(out))):
-        return
+    if is_traced(out) or math.isfinite(float(xp.sum(out))):
+        return  # no NaN in out (a sum needs no output-sized temporary, unlike isnan)
+    if not bool(xp.any(xp.isnan(out))):
+        return  # the sum overflowed, not a NaN
     given = [x for x in arrays if x is not None]
     if not all(bool(xp.all(xp.isfinite(x))) for x in given):
         return  # a NaN or inf in the inputs, propagated to the rows that attend it

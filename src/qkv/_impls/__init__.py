@@ -165,4 +165,6 @@ def dispatch(impl: str, c: Call) -> tuple[Impl, Dispatch]:
     if name != "flash":
         return IMPLS[name], Dispatch(name, None, reason)
     engine, why = flash.engine(c)
-    return IMPLS[name], Dispatch(name, engine, reason if why is None else f"{reason}; array engine: {why}")
+    if why is not None:  # the engine's reason joins the rule's parentheses: still one sentence
+        reason = f"{reason[:-1]}; array engine: {why})" if reason.endswith(")") else f"{reason} (array engine: {why})"
+    return IMPLS[name], Dispatch(name, engine, reason)

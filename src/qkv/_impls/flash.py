@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from .. import masks
-from .._backend import is_torch
+from .._backend import is_torch, is_traced, namespace
+from .._finite import may_overflow
 from .._typing import Array, Result
 from ..errors import ArgumentError
 from ..masks._rows import full_pairs, kept_pairs, row_tiles, tile_counts
@@ -165,9 +166,27 @@ def engine(c: Call) -> tuple[str, str | None]:
 def forward(c: Call) -> Result:
     """``Result(out, weights, lse)`` of the call, by tiles."""
     if engine(c)[0] == "native":
-        return native_engine.forward(c)
+        res = native_engine.forward(c)
+        if not _suspect(c, res.lse):
+            return res
+        # a score the kernel's exp2 domain cannot hold, or a NaN input, ends as a clamped or
+        # empty row there: the array engine gives the reference's answer, or the NaN that the
+        # caller reports as an overflow
     bq, bk = choose_tiles(c)
     return array_engine.forward(c, bq, bk, tile_classes(c, bq, bk))
+
+
+def _suspect(c: Call, lse: Array) -> bool:
+    """Whether the compiled engine's ``lse`` may hide an overflow or a NaN input: some row is
+    +inf or NaN, or -inf (empty) while the inputs could overflow (an all-NaN row of scores looks
+    empty to the kernel's max). Costs a pass over ``lse``, and over q, k and the bias only when
+    some row is not finite."""
+    xp = namespace(lse=lse)
+    if is_traced(lse) or bool(xp.all(xp.isfinite(lse))):
+        return False
+    if bool(xp.any(xp.isnan(lse) | (lse == float("inf")))):
+        return True
+    return may_overflow(namespace(q=c.q), c.q, c.k, c.bias, scale=c.scale)
 
 
 def backward(

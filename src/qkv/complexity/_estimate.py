@@ -10,10 +10,12 @@ from typing import Any
 
 import numpy as np
 
+from .. import _native as native
 from .. import masks
 from .._checks import check_flag, check_impl
 from .._core import dispatch
-from .._impls import build_call
+from .._impls import _flash_native as native_engine
+from .._impls import build_call, flash
 from .._impls.flash import choose_tiles
 from ..errors import MaskError
 from ._model import ITEMSIZE, check_sizes, compute_itemsize, flops, tile_pairs
@@ -75,6 +77,26 @@ def _torch_split(nq: int) -> tuple[int, int]:
     return (256 if nq >= 768 else 64 if nq >= 192 else 32), 512
 
 
+def _native_peak(
+    lanes: int, kv_lanes: int, nq: int, nk: int, dk: int, dv: int, bk: int, c: int, s: int, bits: int, backward: bool
+) -> int:
+    """Peak bytes of the compiled engine (``src/qkv/_native``): per thread, one key tile of K and V
+    widened to the compute type plus 16-row score and accumulator strips; ``lse``; a PARTIAL
+    tile's bit per cell when the mask has no row intervals. Backward adds ``D = rowsum(dO∘O)``,
+    one dQ accumulator per extra thread (summed after: deterministic) and, for half precision,
+    the compute-type gradients the outputs are cast from."""
+    threads = native_engine.threads()
+    forward = (2 * bk * (dk + dv) + 2 * 16 * bk + 4 * 16 * (dk + dv)) * c
+    if not backward:
+        return threads * forward + lanes * nq * c + bits
+    scratch = (4 * bk * (dk + dv) + 2 * 16 * 4 * (dk + dv) + 5 * 16 * bk) * c
+    rows = lanes * nq
+    peak = threads * scratch + 2 * rows * c + (threads - 1) * rows * dk * c + bits
+    if c != s:  # dq, dk, dv accumulate in float32 and are cast to the outputs' dtype
+        peak += (rows * dk + kv_lanes * nk * (dk + dv)) * c
+    return peak
+
+
 def estimate(
     n_q: int,
     n_k: int | None = None,
@@ -115,7 +137,14 @@ def estimate(
     mask_batch = 1 if m is None else math.prod(m.blocks(nq, nk, nq, nk).shape[:-2])
     mask_pairs = 0 if m is None else mask_batch * nq * nk
     tiles = None
-    if impl == "flash":
+    if impl == "flash" and flash.engine(call)[0] == "native":
+        bq, bk = native.tile_shape(nq, nk, dk, dv, dtype)
+        pairs, partial = tile_pairs(m, nq, nk, bq, bk)
+        tiles = (bq, bk)
+        bits = 0 if m is None or m.rows is not None else mask_pairs // 8  # at most one bit per cell
+        peak = _native_peak(lanes, b * hkv, nq, nk, dk, dv, bk, c, s, bits, backward)
+        score = 0
+    elif impl == "flash":
         bq, bk = choose_tiles(call)
         pairs, partial = tile_pairs(m, nq, nk, bq, bk)
         tiles = (bq, bk)
