@@ -22,6 +22,7 @@ def two_threads():
     torch.set_num_threads(old)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", list(TASKS))
 def test_each_task_reaches_its_threshold_within_its_budget(task):
     history = train(task, seed=0)

@@ -28,6 +28,8 @@ def bad_rows(xp: Any, x: Array) -> Array | None:
     rows propagate as IEEE arithmetic has them)."""
     if is_traced(x):
         return None
+    if isinstance(x, np.ndarray) and x.size and not any(x.strides):  # a broadcast scalar: one look
+        return None if np.isfinite(x.flat[0]) else ~np.zeros(x.shape[:-1], dtype=bool)
     bad = ~xp.all(xp.isfinite(x), axis=-1)
     return bad if bool(xp.any(bad)) else None
 
@@ -61,7 +63,7 @@ def may_overflow(xp: Any, *arrays: Any, scale: float) -> bool:
 def check_overflow(xp: Any, out: Array, *arrays: Any, scale: float) -> None:
     """Raise ``ArgumentError`` if ``out`` holds NaN although every input in ``arrays`` is finite
     (the scores overflowed); NaN from NaN inputs is left as it is."""
-    if is_traced(out) or math.isfinite(float(xp.sum(out))):
+    if is_traced(out) or bool(xp.all(xp.isfinite(xp.sum(out)))):
         return  # no NaN in out (a sum needs no output-sized temporary, unlike isnan)
     if not bool(xp.any(xp.isnan(out))):
         return  # the sum overflowed, not a NaN

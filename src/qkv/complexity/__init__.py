@@ -19,8 +19,9 @@ softmax's exp, max and sums are O(Nq·Nk) without a factor D and are not counted
 - ``"torch"``: ``Nq · Nk``: SDPA with an explicit mask computes every tile (its ``is_causal``
   fast path may skip some; then this is an upper bound).
 - ``"flash"``: the pairs in every tile ``mask.blocks`` does not classify EMPTY at the tile
-  sizes the kernel chooses for the call (``qkv._impls.flash.choose_tiles``: 256 x 512 when
-  dense, smaller tiles along a narrow band); PARTIAL tiles count whole (FlashAttention,
+  sizes of the engine that runs the call: the compiled engine's ``qkv._native.tile_shape``
+  (64 x 128) when it runs, else the array engine's ``qkv._impls.flash.choose_tiles`` (256 x 512
+  when dense, smaller tiles along a narrow band); PARTIAL tiles count whole (FlashAttention,
   arXiv:2205.14135).
 - ``"auto"`` resolves as ``qkv.attention`` does for NumPy inputs: ``"reference"`` below
   ``qkv._impls.SMALL`` score entries per head, ``"flash"`` above (for torch inputs, auto picks
@@ -33,7 +34,10 @@ Bytes: ``c`` is the compute itemsize (float32 for half precision), ``L = B·H``.
 - ``peak_bytes``: memory beyond the inputs and the output at the call's peak, as measured
   (BENCHMARKS.md): reference 3 score matrices forward (S, exp(S − m), A) and 7 with
   ``backward`` (torch autograd keeps exp(S − m) and A and builds the gradients beside them;
-  NumPy's ``attention_backward`` needs 4), plus the dense boolean mask; flash the per-tile
+  NumPy's ``attention_backward`` needs 4), plus the dense boolean mask; flash on the compiled
+  engine ``lse`` and, per thread, one widened key tile with 16-row strips (backward adds
+  ``D = rowsum(dO∘O)`` and one dQ accumulator per extra thread), plus a bit per cell of a mask
+  without row intervals; flash on the array engine the per-tile
   working set (one ``L x block_q x block_k`` score tile forward, three backward, a query
   block and its accumulators) and ``lse``; torch SDPA's per-thread tile buffers plus, with a mask
   other than plain causal, the dense mask qkv builds and the float copy SDPA makes of it. With
