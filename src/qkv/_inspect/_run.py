@@ -59,14 +59,12 @@ def _separators(loaded: LoadedModel, ids: list[int]) -> tuple[int, ...]:
 
 def forward(loaded: LoadedModel, ids: list[int]) -> list[_capture.Call]:
     """Run the model once on ``ids`` and return each attention layer's call, in order."""
-    import inspect as pyinspect
-
     import torch
 
     model = loaded.model
+    # ids and an all-ones mask only: every model defaults the rest (BERT's token types to zeros);
+    # GPT-2 would add token-type embeddings if given any
     inputs = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
-    if "token_type_ids" in pyinspect.signature(model.forward).parameters:
-        inputs["token_type_ids"] = torch.zeros(1, len(ids), dtype=torch.long)
     with loaded.lock, _capture.record() as calls, torch.no_grad():
         model(**inputs, output_attentions=True)
     if not calls:
