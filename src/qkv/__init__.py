@@ -2,8 +2,12 @@
 
 ``softmax(Q Kᵀ / √d_k) V`` over NumPy and PyTorch arrays, with composable masks
 (``qkv.masks``), score mods (``qkv.scores``), the analytic backward pass and a step-by-step
-``explain`` trace. ``import qkv`` never imports torch.
+``explain`` trace, and ``inspect`` to look inside a real transformers model. ``import qkv``
+never imports torch (nor transformers: ``qkv.inspect`` imports them when it runs).
 """
+
+import importlib
+from typing import Any
 
 from . import approx as approx
 from . import complexity as complexity
@@ -23,7 +27,22 @@ from ._softmax import merge_attention as merge_attention
 from ._softmax import softmax as softmax
 from ._version import __version__ as __version__
 
+_LAZY = {"inspect": "qkv._inspect", "Inspection": "qkv._inspect"}
+"""Public names that live above the layers ``import qkv`` loads (``qkv.inspect`` runs a
+transformers model): imported on first use, by name, so the package root stays at the bottom
+of the import layers that ``qkv.integrations`` and ``qkv.bench`` import it from."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'qkv' has no attribute {name!r}")
+
+
 __all__ = [
+    "Inspection",
     "Trace",
     "approx",
     "attention",
@@ -34,6 +53,7 @@ __all__ = [
     "errors",
     "explain",
     "hopfield",
+    "inspect",
     "logsumexp",
     "masks",
     "merge_attention",

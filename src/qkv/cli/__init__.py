@@ -1,7 +1,7 @@
 """The ``qkv`` command line: this module registers the subcommands and does nothing else.
 
 One module per subcommand (``explain``, ``heatmap``, ``pe``, ``complexity``, ``train``,
-``bench``, ``lab``); ``_common`` holds what they share: reading arrays, the picture options,
+``bench``, ``lab``, ``inspect``); ``_common`` holds what they share: reading arrays, the picture options,
 and the one path from an error to one stderr line and an exit code (1 bad input, 2 bad usage).
 Each command parses, calls the public API and prints text (rich) or ``--json``; no math here.
 Heavy libraries (torch, matplotlib, fastapi) are imported inside the commands that need them.
@@ -14,6 +14,7 @@ from .bench import bench_command
 from .complexity import complexity_command
 from .explain import explain_command
 from .heatmap import heatmap_command
+from .inspect import inspect_command
 from .lab import lab_command
 from .pe import pe_command
 from .train import train_command
@@ -39,6 +40,7 @@ for _name, _command in (
     ("pe", pe_command),
     ("complexity", complexity_command),
     ("train", train_command),
+    ("inspect", inspect_command),
     ("bench", bench_command),
     ("lab", lab_command),
 ):

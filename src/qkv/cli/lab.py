@@ -53,9 +53,17 @@ def lab_command(
             "can use it",
         ),
     ] = False,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            metavar="PATH",
+            help="the transformers model folder of the Model page (default: all-MiniLM-L6-v2 from qkv[model])",
+        ),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help='print {"url": ...} as JSON once serving')] = False,
 ) -> None:
-    """Start the qkv lab, a local web app: Explain, Heatmap, Positional encodings, Complexity, Training.
+    """Start the qkv lab, a local web app: Explain, Heatmap, Positional encodings, Complexity, Training, Model.
 
     Binds 127.0.0.1:8765 by default and opens nothing unless --open is given. Stop with Ctrl-C.
     A --host that is not a loopback address needs --allow-remote.
@@ -77,7 +85,7 @@ def lab_command(
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}/"
     hosts, any_address = hosts_for(host)
-    server = make_server(create_app(max_n=max_n, hosts=hosts, any_address=any_address), host, port)
+    server = make_server(create_app(max_n=max_n, hosts=hosts, any_address=any_address, model=model), host, port)
 
     def announce() -> None:
         if not loopback:

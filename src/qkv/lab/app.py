@@ -24,12 +24,13 @@ from starlette.exceptions import HTTPException
 from .._version import __version__
 from ..errors import QKVError
 from .guard import BodyLimit, HostGuard
+from .model import ModelRunner
 from .routes import COOKIE, build_router
 from .schemas import LabError, Limits, clipped
 from .training import TrainingManager
 
 STATIC = Path(__file__).parent / "static"
-PAGES = ("explain", "heatmap", "positional", "complexity", "training")
+PAGES = ("explain", "heatmap", "positional", "complexity", "training", "model")
 PROBLEMS = 20  # field problems a 422 lists at most (a body with a million bad numbers has a million)
 
 
@@ -54,15 +55,18 @@ def create_app(
     max_steps: int | None = None,
     hosts: Sequence[str] | None = None,
     any_address: bool = False,
+    model: str | None = None,
 ) -> FastAPI:
-    """The lab app: the five pages at ``/explain`` ... ``/training``, static files at ``/static``
+    """The lab app: the six pages at ``/explain`` ... ``/model``, static files at ``/static``
     and the JSON API at ``/api`` (see ``docs/lab.md``). ``max_n`` caps the positions of the
     Explain, Heatmap and Positional pages; ``limits`` sets every limit at once.
 
     ``hosts``: the names the server is reached by (``qkv lab`` passes 127.0.0.1, localhost, [::1]
     and its ``--host``); a request with another ``Host`` header is refused with 400 (DNS
     rebinding). ``None`` checks nothing: for a ``TestClient`` or an app mounted elsewhere.
-    ``any_address`` also accepts any IP address as the host (a wildcard bind)."""
+    ``any_address`` also accepts any IP address as the host (a wildcard bind). ``model``: the
+    folder (or hub name) the Model page inspects, loaded on its first request (None: the
+    ``qkv[model]`` extra's all-MiniLM-L6-v2)."""
     lim = limits or Limits(max_n=max_n)
     if max_steps is not None:
         lim = Limits(**{**lim.__dict__, "max_steps": max_steps})
@@ -111,7 +115,7 @@ def create_app(
         message = clipped(f"{type(exc).__name__}: {exc}")
         return JSONResponse({"detail": message, "message": message}, status_code=422)
 
-    app.include_router(build_router(lim, manager))
+    app.include_router(build_router(lim, manager, ModelRunner(lim, model)))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/", include_in_schema=False)

@@ -20,12 +20,14 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from . import compute, costs
+from .model import ModelRunner
 from .schemas import (
     ComplexityRequest,
     ExplainRequest,
     HeatmapRequest,
     LabError,
     Limits,
+    ModelRequest,
     PositionalRequest,
     Refusal,
     TrainRequest,
@@ -90,9 +92,10 @@ class EventStream(StreamingResponse):
             self.release()
 
 
-def build_router(limits: Limits, manager: TrainingManager) -> APIRouter:
-    """Every ``/api`` route, bound to the app's limits and training manager."""
+def build_router(limits: Limits, manager: TrainingManager, runner: ModelRunner | None = None) -> APIRouter:
+    """Every ``/api`` route, bound to the app's limits, training manager and model."""
     api = APIRouter(prefix="/api")
+    model_runner = runner or ModelRunner(limits)
 
     @api.get("/limits")
     def get_limits() -> dict[str, Any]:
@@ -108,6 +111,12 @@ def build_router(limits: Limits, manager: TrainingManager) -> APIRouter:
     def post_explain(req: ExplainRequest) -> dict[str, Any]:
         """``qkv.explain(q, k, v, ...).to_dict()``."""
         return compute.explain(req, limits)
+
+    @api.post("/model", responses={**_INVALID, **_CROWDED})
+    def post_model(req: ModelRequest) -> dict[str, Any]:
+        """``qkv.inspect(text)`` on the server's model: tokens, weights, head patterns, rollout,
+        entropy and ``approximations`` (window ``req.window``)."""
+        return model_runner.run(req)
 
     @api.post("/heatmap", responses=_INVALID)
     def post_heatmap(req: HeatmapRequest) -> dict[str, Any]:

@@ -52,6 +52,9 @@ class Limits:
     ``request_timeout_seconds``, an idle keep-alive connection closes after
     ``keep_alive_seconds``, headers are at most ``max_header_bytes``, and at most
     ``max_connections`` are served at once (503 beyond).
+
+    Model page: a text of at most ``max_model_chars`` characters and ``max_model_tokens``
+    tokens; at most ``max_model_runs`` runs of the model at once (429 beyond).
     """
 
     max_n: int = 128
@@ -78,6 +81,9 @@ class Limits:
     keep_alive_seconds: int = 5
     max_header_bytes: int = 16 << 10
     max_connections: int = 128
+    max_model_chars: int = 400
+    max_model_tokens: int = 64
+    max_model_runs: int = 1  # forward passes of the Model page at once (two cores)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0:
@@ -147,6 +153,15 @@ class MaskSpec(_Body):
     mask_params: dict[str, Any] = Field(default_factory=dict)
 
     _check_kind = field_validator("mask")(_kind)
+
+
+class ModelRequest(BaseModel):
+    """The Model page: a sentence for the server's model, and the window of the approximations table."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: Annotated[str, Field(min_length=1, max_length=100_000)]
+    window: Annotated[int, Field(ge=1, le=512)] = 8
 
 
 class ExplainRequest(MaskSpec):

