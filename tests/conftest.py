@@ -29,3 +29,22 @@ def rng(request):
 def impl(request):
     """qkv.attention called with impl reference / torch / auto, on NumPy or torch arrays."""
     return request.param
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--transformers-full",
+        action="store_true",
+        default=False,
+        help="also run the full transformers architecture matrix (tests marked transformers_full)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """The full architecture matrix is opt-in: without --transformers-full its tests are skipped."""
+    if config.getoption("--transformers-full"):
+        return
+    opt_in = pytest.mark.skip(reason="the full transformers matrix runs with --transformers-full")
+    for item in items:
+        if "transformers_full" in item.keywords:
+            item.add_marker(opt_in)

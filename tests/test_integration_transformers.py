@@ -271,9 +271,19 @@ def test_unsupported_kwargs_raise_and_dropout_in_training():
     q = k = v = torch.randn(1, 2, 4, 8)
     module = torch.nn.Module().eval()
     fn = qt.attention_function("auto")
-    with pytest.raises(ArgumentError, match="s_aux"):
-        fn(module, q, k, v, None, s_aux=torch.zeros(2))
-    fn(module, q, k, v, None, s_aux=None, sliding_window=None, position_ids=torch.arange(4))  # None: nothing to do
+    with pytest.raises(ArgumentError, match="alibi_slopes"):  # a keyword qkv does not know: refused, not ignored
+        fn(module, q, k, v, None, alibi_slopes=torch.zeros(2))
+    fn(module, q, k, v, None, alibi_slopes=None, sliding_window=None, position_ids=torch.arange(4))  # None: nothing
+    fn(module, q, k, v, None, deterministic=True)  # ModernBERT's flash-attn switch: harmless, ignored
+    sinks = torch.tensor([0.5, -1.0])  # gpt-oss's s_aux: qkv's sinks
+    torch.testing.assert_close(
+        fn(module, q, k, v, None, s_aux=sinks)[0], qkv.attention(q, k, v, causal=True, sinks=sinks).transpose(1, 2)
+    )
+    bias = torch.randn(1, 2, 4, 4)  # T5's position_bias: qkv's bias
+    torch.testing.assert_close(
+        fn(module, q, k, v, None, position_bias=bias)[0],
+        qkv.attention(q, k, v, causal=True, bias=bias).transpose(1, 2),
+    )
     with pytest.raises(ArgumentError, match="impl"):
         qt.register(impl="fast")
     base = fn(module, q, k, v, None, dropout=0.5)[0]
