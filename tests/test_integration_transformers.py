@@ -308,3 +308,41 @@ def test_import_qkv_integrations_is_light():
     code = "import sys, qkv.integrations; print(any(m in sys.modules for m in ('torch', 'transformers', 'jax')))"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["no-padding", "left-padding"])
+def test_sliding_window_and_padding_reach_qkv_as_structured_masks(padded, monkeypatch):
+    """Mistral's window and left padding arrive as qkv Masks (no dense Lq x Lk tensor), and a decode
+    step takes the lean path; logits and greedy tokens still equal eager's."""
+    from qkv.integrations._hf_masks import StructuredMask
+
+    seen = []
+    real = qt.forward
+
+    def spy(module, query, key, value, attention_mask, **kw):
+        seen.append((query.shape[-2], attention_mask))
+        return real(module, query, key, value, attention_mask, **kw)
+
+    monkeypatch.setattr(qt, "forward", spy)
+    model = build("mistral")
+    ids, am = inputs(padded)
+    want = run(model, "eager", ids, am).logits
+    got = run(model, "qkv", ids, am).logits
+    keep = am.bool()
+    torch.testing.assert_close(got[keep], want[keep], atol=ATOL, rtol=1e-5)
+    assert seen and all(isinstance(m, StructuredMask) for _, m in seen)
+    assert seen[0][1].mask.name.startswith("padding" if padded else "sliding_window(5)")
+    decode = []
+    monkeypatch.setattr(qt, "_decode", lambda *a: decode.append(1) or _real_decode(*a))
+    tokens = model.generate(ids, attention_mask=am, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    model.set_attn_implementation("eager")
+    assert torch.equal(
+        tokens, model.generate(ids, attention_mask=am, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    )
+    assert padded or decode  # unpadded decode steps (no mask) took the lean path
+
+
+def _real_decode(*a):
+    from qkv._impls import decode
+
+    return decode(*a)

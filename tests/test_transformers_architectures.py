@@ -19,7 +19,6 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from hf_tiny import VOCAB, configs, refused_configs  # noqa: E402
-
 from qkv.errors import ArgumentError  # noqa: E402
 from qkv.integrations import transformers as qt  # noqa: E402
 

@@ -86,9 +86,8 @@ def refuse(model_or_class: Any) -> None:
 @cache
 def _model_type_reason(model_type: str) -> str | None:
     """``check_model`` for the base model class of a config's ``model_type`` (None if unknown)."""
-    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
-
     import transformers
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
     name = MODEL_MAPPING_NAMES.get(model_type)
     if isinstance(name, (list, tuple)):

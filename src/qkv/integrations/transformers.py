@@ -25,7 +25,9 @@ from functools import cache
 from typing import Any
 
 from .._checks import check_impl
+from .._impls import decode as _decode
 from ..errors import ArgumentError, MaskError
+from ._hf_masks import StructuredMask, structured
 from ._hf_models import QKV_NAMES, install_guard, refuse_config
 from ._hf_models import check_model as check_model
 from ._hf_models import supported_backends as supported_backends
@@ -165,13 +167,31 @@ def forward(
             f"qkv's transformers backend cannot honour the keyword argument(s) {refused} passed by "
             f"{type(module).__name__}; use attn_implementation='eager' for this model"
         )
+    want_weights = _weights_requested(module, kwargs)
+    if (
+        query.shape[-2] == 1
+        and all(kwargs.get(name) is None for name in HONOURED)
+        and impl in ("auto", "flash")
+        and not (dropout and getattr(module, "training", False))
+        and not want_weights
+        and (attention_mask is None or (isinstance(attention_mask, StructuredMask) and not attention_mask.padded))
+    ):  # a decode step against the cache: the lean path, as little Python as possible
+        window = None if attention_mask is None else attention_mask.window
+        if window is not None:  # one query, the last of the keys: its window is the last `window` keys
+            key, value = key[..., -window:, :], value[..., -window:, :]
+        out = _decode(query, key, value, query.shape[-1] ** -0.5 if scaling is None else scaling)
+        if out is not None:
+            return out.transpose(1, 2).contiguous(), None
     causal_flag = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    mask = None if attention_mask is None else _qkv_mask(attention_mask, key.shape[-2])
+    mask: Any
+    if isinstance(attention_mask, StructuredMask):
+        mask = attention_mask.mask  # causal already, when the model is: no causal= below
+    else:
+        mask = None if attention_mask is None else _qkv_mask(attention_mask, key.shape[-2])
     softcap = kwargs.get("softcap")
     bias = kwargs.get("position_bias")
     if bias is not None:  # T5: (B|1, H, Lq, Lk'), for a longer (static) cache its first Lk keys are these
         bias = bias[..., -query.shape[-2] :, : key.shape[-2]]
-    want_weights = _weights_requested(module, kwargs)
     res = attention(
         query,
         key,
@@ -253,6 +273,9 @@ def mask_function(
 
     refuse_config(kwargs.get("config"))  # a model that would misread this mask never gets one
     skip = bool(allow_is_causal_skip) and (q_length == 1 or q_length == kv_length)
+    fast = structured(mask_function, q_length, kv_length, q_offset, kv_offset, attention_mask, skip)
+    if fast is not None:
+        return fast
     return sdpa_mask(
         batch_size=batch_size,
         q_length=q_length,
