@@ -271,9 +271,19 @@ def test_unsupported_kwargs_raise_and_dropout_in_training():
     q = k = v = torch.randn(1, 2, 4, 8)
     module = torch.nn.Module().eval()
     fn = qt.attention_function("auto")
-    with pytest.raises(ArgumentError, match="s_aux"):
-        fn(module, q, k, v, None, s_aux=torch.zeros(2))
-    fn(module, q, k, v, None, s_aux=None, sliding_window=None, position_ids=torch.arange(4))  # None: nothing to do
+    with pytest.raises(ArgumentError, match="alibi_slopes"):  # a keyword qkv does not know: refused, not ignored
+        fn(module, q, k, v, None, alibi_slopes=torch.zeros(2))
+    fn(module, q, k, v, None, alibi_slopes=None, sliding_window=None, position_ids=torch.arange(4))  # None: nothing
+    fn(module, q, k, v, None, deterministic=True)  # ModernBERT's flash-attn switch: harmless, ignored
+    sinks = torch.tensor([0.5, -1.0])  # gpt-oss's s_aux: qkv's sinks
+    torch.testing.assert_close(
+        fn(module, q, k, v, None, s_aux=sinks)[0], qkv.attention(q, k, v, causal=True, sinks=sinks).transpose(1, 2)
+    )
+    bias = torch.randn(1, 2, 4, 4)  # T5's position_bias: qkv's bias
+    torch.testing.assert_close(
+        fn(module, q, k, v, None, position_bias=bias)[0],
+        qkv.attention(q, k, v, causal=True, bias=bias).transpose(1, 2),
+    )
     with pytest.raises(ArgumentError, match="impl"):
         qt.register(impl="fast")
     base = fn(module, q, k, v, None, dropout=0.5)[0]
@@ -298,3 +308,41 @@ def test_import_qkv_integrations_is_light():
     code = "import sys, qkv.integrations; print(any(m in sys.modules for m in ('torch', 'transformers', 'jax')))"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["no-padding", "left-padding"])
+def test_sliding_window_and_padding_reach_qkv_as_structured_masks(padded, monkeypatch):
+    """Mistral's window and left padding arrive as qkv Masks (no dense Lq x Lk tensor), and a decode
+    step takes the lean path; logits and greedy tokens still equal eager's."""
+    from qkv.integrations._hf_masks import StructuredMask
+
+    seen = []
+    real = qt.forward
+
+    def spy(module, query, key, value, attention_mask, **kw):
+        seen.append((query.shape[-2], attention_mask))
+        return real(module, query, key, value, attention_mask, **kw)
+
+    monkeypatch.setattr(qt, "forward", spy)
+    model = build("mistral")
+    ids, am = inputs(padded)
+    want = run(model, "eager", ids, am).logits
+    got = run(model, "qkv", ids, am).logits
+    keep = am.bool()
+    torch.testing.assert_close(got[keep], want[keep], atol=ATOL, rtol=1e-5)
+    assert seen and all(isinstance(m, StructuredMask) for _, m in seen)
+    assert seen[0][1].mask.name.startswith("padding" if padded else "sliding_window(5)")
+    decode = []
+    monkeypatch.setattr(qt, "_decode", lambda *a: decode.append(1) or _real_decode(*a))
+    tokens = model.generate(ids, attention_mask=am, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    model.set_attn_implementation("eager")
+    assert torch.equal(
+        tokens, model.generate(ids, attention_mask=am, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    )
+    assert padded or decode  # unpadded decode steps (no mask) took the lean path
+
+
+def _real_decode(*a):
+    from qkv._impls import decode
+
+    return decode(*a)

@@ -56,7 +56,8 @@ def run(c: Call, impl: str = "auto") -> Result:
             res = with_sinks(namespace(q=c.q), res, c.sinks)
     if empty:
         return res
-    check_overflow(namespace(q=c.q), res.out, c.q, c.k, c.v, c.bias, scale=c.scale)
+    with no_grad(c.q):  # a check, not part of the graph (float() of a tensor that requires grad warns)
+        check_overflow(namespace(q=c.q), res.out, c.q, c.k, c.v, c.bias, scale=c.scale)
     return res
 
 

@@ -45,6 +45,7 @@ from . import flash, reference, torch_sdpa
 from ._autograd import with_autograd
 from ._call import Call as Call
 from ._call import build_call as build_call
+from ._flash_native import decode as decode
 
 _flash_autograd = with_autograd(flash.forward, flash.backward)
 

@@ -25,7 +25,12 @@ from functools import cache
 from typing import Any
 
 from .._checks import check_impl
+from .._impls import decode as _decode
 from ..errors import ArgumentError, MaskError
+from ._hf_masks import StructuredMask, structured
+from ._hf_models import QKV_NAMES, install_guard, refuse_config
+from ._hf_models import check_model as check_model
+from ._hf_models import supported_backends as supported_backends
 
 IGNORED = frozenset(
     {
@@ -52,9 +57,16 @@ IGNORED = frozenset(
         "seq_idx",
         # Mistral-style models pass their window here; the mask function has already built it
         "sliding_window",
+        # flash-attn's switch for a deterministic backward (ModernBERT); qkv's is always deterministic
+        "deterministic",
     }
 )
 """Keyword arguments models pass that change nothing here; any other non-None one is refused."""
+
+HONOURED = frozenset({"softcap", "position_bias", "s_aux"})
+"""Keyword arguments qkv turns into its own: ``softcap`` (Gemma 2) -> ``scores.softcap``,
+``position_bias`` (T5's learnt relative bias, ``(B|1, H, Lq, Lk)``) -> ``bias=``, ``s_aux``
+(gpt-oss attention sinks, ``(H,)``) -> ``sinks=``; gradients reach the last two."""
 
 
 def register(name: str = "qkv", impl: str = "auto") -> str:
@@ -76,6 +88,8 @@ def register(name: str = "qkv", impl: str = "auto") -> str:
 
     AttentionInterface.register(name, attention_function(impl))
     AttentionMaskInterface.register(name, mask_function)
+    QKV_NAMES.add(name)
+    install_guard()
     return name
 
 
@@ -140,21 +154,44 @@ def forward(
     - ``softcap`` (Gemma 2): ``qkv.scores.softcap``. ``output_attentions=True`` returns the
       weights (the reference impl materialises them; flash rebuilds them from its lse).
     - A row that may attend no key (left padding) gives zeros, never NaN.
-    - Keyword arguments qkv cannot honour (attention sinks ``s_aux``, ``position_bias``, ...)
-      raise ``ArgumentError`` naming them rather than being ignored.
+    - ``position_bias`` (T5) is qkv's ``bias=``, ``s_aux`` (gpt-oss) its ``sinks=``; gradients
+      reach both. ``deterministic`` (ModernBERT) is ignored: qkv is deterministic.
+    - Keyword arguments qkv cannot honour raise ``ArgumentError`` naming them rather than being
+      ignored.
     """
     from .. import attention, scores
 
-    refused = sorted(k for k, v in kwargs.items() if v is not None and k not in IGNORED and k != "softcap")
+    refused = sorted(k for k, v in kwargs.items() if v is not None and k not in IGNORED and k not in HONOURED)
     if refused:
         raise ArgumentError(
             f"qkv's transformers backend cannot honour the keyword argument(s) {refused} passed by "
             f"{type(module).__name__}; use attn_implementation='eager' for this model"
         )
-    causal_flag = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    mask = None if attention_mask is None else _qkv_mask(attention_mask, key.shape[-2])
-    softcap = kwargs.get("softcap")
     want_weights = _weights_requested(module, kwargs)
+    if (
+        query.shape[-2] == 1
+        and all(kwargs.get(name) is None for name in HONOURED)
+        and impl in ("auto", "flash")
+        and not (dropout and getattr(module, "training", False))
+        and not want_weights
+        and (attention_mask is None or (isinstance(attention_mask, StructuredMask) and not attention_mask.padded))
+    ):  # a decode step against the cache: the lean path, as little Python as possible
+        window = None if attention_mask is None else attention_mask.window
+        if window is not None:  # one query, the last of the keys: its window is the last `window` keys
+            key, value = key[..., -window:, :], value[..., -window:, :]
+        out = _decode(query, key, value, query.shape[-1] ** -0.5 if scaling is None else scaling)
+        if out is not None:
+            return out.transpose(1, 2).contiguous(), None
+    causal_flag = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    mask: Any
+    if isinstance(attention_mask, StructuredMask):
+        mask = attention_mask.mask  # causal already, when the model is: no causal= below
+    else:
+        mask = None if attention_mask is None else _qkv_mask(attention_mask, key.shape[-2])
+    softcap = kwargs.get("softcap")
+    bias = kwargs.get("position_bias")
+    if bias is not None:  # T5: (B|1, H, Lq, Lk'), for a longer (static) cache its first Lk keys are these
+        bias = bias[..., -query.shape[-2] :, : key.shape[-2]]
     res = attention(
         query,
         key,
@@ -166,6 +203,8 @@ def forward(
         dropout=float(dropout) if getattr(module, "training", False) else 0.0,
         impl=impl,
         return_weights=want_weights,
+        bias=bias,
+        sinks=kwargs.get("s_aux"),
     )
     out, weights = res if want_weights else (res, None)
     return out.transpose(1, 2).contiguous(), weights
@@ -232,7 +271,11 @@ def mask_function(
     """
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
+    refuse_config(kwargs.get("config"))  # a model that would misread this mask never gets one
     skip = bool(allow_is_causal_skip) and (q_length == 1 or q_length == kv_length)
+    fast = structured(mask_function, q_length, kv_length, q_offset, kv_offset, attention_mask, skip)
+    if fast is not None:
+        return fast
     return sdpa_mask(
         batch_size=batch_size,
         q_length=q_length,

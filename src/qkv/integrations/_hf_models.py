@@ -1,0 +1,139 @@
+"""Which transformers models route attention through ``AttentionInterface``, and the refusal of the others.
+
+A model class whose attention layers never call ``ALL_ATTENTION_FUNCTIONS.get_interface(...)``
+computes attention in its own code, whatever ``attn_implementation`` says. Under ``"qkv"``
+such a model would not run qkv at all, and worse, some (Bloom, CodeGen, XGLM, MPNet, MPT)
+still build their mask through qkv's mask function and misread it (they expect an additive
+float mask): non-causal attention or inverted padding, with no error. transformers' own test
+for this is the class method ``_can_set_attn_implementation`` (it reads the modeling source);
+``check_model`` uses it, and ``install_guard`` makes transformers' validation of an
+``attn_implementation`` (at ``__init__`` / ``from_config`` / ``from_pretrained`` time and in
+``set_attn_implementation``) refuse such a class for every name qkv registered.
+"""
+
+from functools import cache
+from typing import Any
+
+from ..errors import ArgumentError
+
+QKV_NAMES: set[str] = set()
+"""The ``attn_implementation`` names ``register`` gave qkv."""
+
+SYMPTOMS = {
+    "bloom": "it reads qkv's boolean mask as an additive one (non-causal attention, inverted padding)",
+    "codegen": "it reads qkv's boolean mask as an additive one (non-causal attention, inverted padding)",
+    "xglm": "it reads qkv's boolean mask as an additive one (non-causal attention, inverted padding)",
+    "mpnet": "it reads qkv's boolean mask as an additive one (inverted padding)",
+    "mpt": "it reads qkv's boolean mask as an additive one and then fails",
+    "deberta-v2": "it would silently run its own eager attention (disentangled relative positions)",
+    "deberta": "it would silently run its own eager attention (disentangled relative positions)",
+    "gptj": "it looks its attention class up by name in its own table (KeyError: 'qkv')",
+    "gpt_neo": "it looks its attention class up by name in its own table (KeyError: 'qkv')",
+    "falcon": "it looks its attention class up by name in its own table (KeyError: 'qkv')",
+}
+"""What each known non-dispatching architecture did under ``"qkv"`` before it was refused."""
+
+
+def supported_backends(cls: type) -> list[str]:
+    """The attention implementations a transformers model class declares it supports."""
+    names = ["eager"]
+    if getattr(cls, "_supports_sdpa", False):
+        names.append("sdpa")
+    if getattr(cls, "_supports_flash_attn", False) or getattr(cls, "_supports_flash_attn_2", False):
+        names.append("flash_attention_2")
+    if getattr(cls, "_supports_flex_attn", False):
+        names.append("flex_attention")
+    return names
+
+
+@cache
+def _reason(cls: type) -> str | None:
+    can_set = getattr(cls, "_can_set_attn_implementation", None)
+    if can_set is None:
+        return f"{cls.__name__} is not a transformers PreTrainedModel class"
+    if can_set():
+        return None
+    model_type = getattr(getattr(cls, "config_class", None), "model_type", "") or ""
+    symptom = SYMPTOMS.get(model_type, "it would run its own attention code, never qkv's")
+    return (
+        f"{cls.__name__} (model_type {model_type!r}) computes attention in its own code instead of through "
+        f"transformers' AttentionInterface, so attn_implementation='qkv' cannot run there: {symptom}. "
+        f"It supports attn_implementation in {supported_backends(cls)}"
+    )
+
+
+def check_model(model_or_class: Any) -> str | None:
+    """None if a transformers model (or model class) routes its attention through qkv under
+    ``attn_implementation="qkv"``; otherwise the reason it cannot, one sentence naming the
+    architecture and the backends it does support.
+
+    >>> check_model(LlamaForCausalLM) is None
+    True
+    >>> check_model(BloomForCausalLM)
+    "BloomForCausalLM (model_type 'bloom') computes attention in its own code ..."
+    """
+    cls = model_or_class if isinstance(model_or_class, type) else type(model_or_class)
+    return _reason(cls)
+
+
+def refuse(model_or_class: Any) -> None:
+    """Raise ``ArgumentError`` with ``check_model``'s reason if the model cannot run qkv."""
+    why = check_model(model_or_class)
+    if why is not None:
+        raise ArgumentError(why)
+
+
+@cache
+def _model_type_reason(model_type: str) -> str | None:
+    """``check_model`` for the base model class of a config's ``model_type`` (None if unknown)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    name = MODEL_MAPPING_NAMES.get(model_type)
+    if isinstance(name, (list, tuple)):
+        name = name[0]
+    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    if cls is None or not hasattr(cls, "_can_set_attn_implementation"):
+        return None
+    return _reason(cls)
+
+
+def refuse_config(config: Any) -> None:
+    """The guard inside the mask function: a config of a non-dispatching architecture that reached
+    qkv (e.g. ``config._attn_implementation`` set by hand, bypassing the validation) raises."""
+    model_type = getattr(config, "model_type", None)
+    why = _model_type_reason(model_type) if isinstance(model_type, str) and model_type else None
+    if why is not None:
+        raise ArgumentError(why)
+
+
+def install_guard() -> None:
+    """Make transformers' own validation of ``attn_implementation`` refuse non-dispatching classes
+    for qkv's names: ``PreTrainedModel.get_correct_attn_implementation`` (run by ``__init__``,
+    hence ``from_config`` / ``from_pretrained``, and by ``set_attn_implementation`` for sub-models)
+    and ``set_attn_implementation`` itself (which, for such a class, would only log a warning and
+    keep the old implementation). Installing twice is harmless."""
+    from transformers.modeling_utils import PreTrainedModel
+
+    get_correct = PreTrainedModel.get_correct_attn_implementation
+    if not getattr(get_correct, "_qkv_guard", False):
+
+        def get_correct_attn_implementation(self: Any, requested_attention: Any, is_init_check: bool = False) -> Any:
+            if requested_attention in QKV_NAMES:
+                refuse(self)
+            return get_correct(self, requested_attention, is_init_check)
+
+        get_correct_attn_implementation._qkv_guard = True  # type: ignore[attr-defined]
+        PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation  # type: ignore[method-assign]
+
+    set_attn = PreTrainedModel.set_attn_implementation
+    if not getattr(set_attn, "_qkv_guard", False):
+
+        def set_attn_implementation(self: Any, attn_implementation: Any, *args: Any, **kwargs: Any) -> Any:
+            requested = attn_implementation.get("") if isinstance(attn_implementation, dict) else attn_implementation
+            if requested in QKV_NAMES:
+                refuse(self)
+            return set_attn(self, attn_implementation, *args, **kwargs)
+
+        set_attn_implementation._qkv_guard = True  # type: ignore[attr-defined]
+        PreTrainedModel.set_attn_implementation = set_attn_implementation  # type: ignore[method-assign]
