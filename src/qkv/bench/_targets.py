@@ -88,6 +88,8 @@ def _speed_targets(
             what = (
                 "throughput / sdpa-flash"
                 if wname.startswith("dense")
+                else "speed-up over sdpa-flash (is_causal)"
+                if wname == "causal"
                 else "speed-up over sdpa-flash with the dense mask"
             )
             out.append(_target(label, row, what, _vs(rows, impl, "sdpa-flash"), goal))
