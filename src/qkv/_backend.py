@@ -80,7 +80,16 @@ def namespace(**arrays: Array) -> Any:
         )
     if "torch" in kinds.values():
         _same_device(**{n: a for n, a in arrays.items() if a is not None})
-    return array_api_compat.array_namespace(*(a for a in arrays.values() if a is not None))
+    given = [a for a in arrays.values() if a is not None]
+    lib = next(iter(kinds.values()), "numpy")
+    if lib == "jax" or not given:
+        return array_api_compat.array_namespace(*given)
+    if lib not in _NAMESPACES:  # one namespace per library: array_namespace costs ~50 us a call
+        _NAMESPACES[lib] = array_api_compat.array_namespace(*given)
+    return _NAMESPACES[lib]
+
+
+_NAMESPACES: dict[str, Any] = {}
 
 
 def _same_device(**tensors: Any) -> None:

@@ -126,6 +126,17 @@ def _mods(mods: Sequence[tuple[Any, ...]]) -> tuple[tuple[Any, ...], ...]:
     return tuple(out)
 
 
+def _dl(x: Any) -> Any:
+    """A detached CPU torch tensor as a DLPack capsule (``torch.utils.dlpack.to_dlpack``, a C call);
+    anything else as it is. nanobind would otherwise call ``Tensor.__dlpack__``, whose Python-level
+    checks cost ~7 us a tensor: most of a decode step's fixed cost. The capsule carries the same
+    shape, strides and dtype, so the binding checks it the same way."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(x, torch.Tensor) or x.requires_grad or x.device.type != "cpu":
+        return x
+    return torch.utils.dlpack.to_dlpack(x)
+
+
 def forward(
     q: Any,
     k: Any,
@@ -147,18 +158,18 @@ def forward(
     """Attention forward into ``out (B, H, Nq, Dv)`` and ``lse (B, H, Nq)`` (see the module doc
     and the lead's contract for the argument layouts)."""
     _need().forward(
-        q,
-        k,
-        v,
-        out,
-        lse,
+        _dl(q),
+        _dl(k),
+        _dl(v),
+        _dl(out),
+        _dl(lse),
         scale=float(scale),
         tile_class=tile_class,
         rows=rows,
         bitmap_index=bitmap_index,
         bitmaps=bitmaps,
         mods=_mods(mods),
-        bias=bias,
+        bias=_dl(bias),
         dropout_p=float(dropout_p),
         seed=int(seed),
         threads=int(threads),
@@ -191,23 +202,23 @@ def backward(
     """Gradients into ``dq (B, H, Nq, Dk)``, ``dk (B, Hkv, Nk, Dk)``, ``dv (B, Hkv, Nk, Dv)``
     (float32; float64 for float64 inputs), recomputed from ``q, k, v, out, lse``."""
     _need().backward(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        dout,
-        dq,
-        dk,
-        dv,
-        dlse=dlse,
+        _dl(q),
+        _dl(k),
+        _dl(v),
+        _dl(out),
+        _dl(lse),
+        _dl(dout),
+        _dl(dq),
+        _dl(dk),
+        _dl(dv),
+        dlse=_dl(dlse),
         scale=float(scale),
         tile_class=tile_class,
         rows=rows,
         bitmap_index=bitmap_index,
         bitmaps=bitmaps,
         mods=_mods(mods),
-        bias=bias,
+        bias=_dl(bias),
         dropout_p=float(dropout_p),
         seed=int(seed),
         threads=int(threads),
