@@ -516,3 +516,14 @@ SCORE_CASES = [
         True,
     ),
 ]
+
+
+def assert_one_line_error(result, *words):
+    """A command (typer's CliRunner result) that failed on bad input: exit 1, one ``error:`` line
+    on stderr holding each of ``words``, no traceback, nothing on stdout."""
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    assert "Traceback" not in result.output and result.stdout == ""

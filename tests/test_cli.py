@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from helpers import assert_one_line_error
 from qkv._io import read_array, read_qkv
 from qkv.cli import app
 from qkv.errors import ArgumentError
@@ -34,15 +35,6 @@ def run(runner, *args):
 def steps_of(result):
     assert result.exit_code == 0, result.output
     return {s["name"]: s for s in json.loads(result.stdout)["steps"]}
-
-
-def assert_one_line_error(result, *words):
-    assert result.exit_code == 1, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-    assert "Traceback" not in result.output and result.stdout == ""
 
 
 def test_help_lists_the_explain_command(runner):

