@@ -131,6 +131,7 @@ MEASURED = [  # (the compiled engine's forward aside) predicted at >= 10 MB, whe
 ]
 
 
+@pytest.mark.slow  # two fresh processes per configuration: ~1.5 min in all
 @pytest.mark.parametrize("lib,impl,n,h,mask,backward", MEASURED)
 def test_predicted_peak_memory_is_within_2x_of_the_measured(lib, impl, n, h, mask, backward):
     from qkv.masks.spec import build_mask, parse_mask_spec
