@@ -56,6 +56,34 @@ def _vs(rows: list[dict[str, Any]], impl: str, other: str) -> Ratio | None:
     return paired_ratios(_timing(b), _timing(a))
 
 
+def _case(
+    out: list[dict[str, Any]],
+    progress: Progress,
+    wname: str,
+    n: int,
+    mode: str,
+    impls: tuple[str, ...],
+    baseline: str,
+    quiet_s: float,
+) -> list[dict[str, Any]]:
+    """One target case's rows (interleaved rounds within a 40 s budget), also appended to ``out``."""
+    rows = run_case(
+        workload(wname, n),
+        mode,
+        impls,
+        baseline=baseline,
+        budget_s=40.0,
+        repeats=(4, 9),
+        max_call_s=60.0,
+        quiet_s=quiet_s,
+        progress=progress,
+    )
+    for r in rows:
+        r["suite"] = "targets"
+    out.extend(rows)
+    return rows
+
+
 def _speed_targets(
     out: list[dict[str, Any]],
     progress: Progress,
@@ -67,20 +95,7 @@ def _speed_targets(
     quiet_s: float,
 ) -> None:
     impls = (*QKV, "sdpa-flash", *(("flex",) if flex else ()))
-    rows = run_case(
-        workload(wname, n),
-        mode,
-        impls,
-        baseline="sdpa-flash",
-        budget_s=40.0,
-        repeats=(4, 9),
-        max_call_s=60.0,
-        quiet_s=quiet_s,
-        progress=progress,
-    )
-    for r in rows:
-        r["suite"] = "targets"
-    out.extend(rows)
+    rows = _case(out, progress, wname, n, mode, impls, "sdpa-flash", quiet_s)
     label = f"{wname} {mode} N={n}"
     for impl in QKV:
         row = next(r for r in rows if r["impl"] == impl)
@@ -187,20 +202,16 @@ def _decode_targets(out: list[dict[str, Any]], progress: Progress, n: int, quiet
 
 def _engine_targets(out: list[dict[str, Any]], progress: Progress, n: int, quiet_s: float) -> None:
     """The compiled engine against the array engine, and 2 threads against 1 (dense forward)."""
-    rows = run_case(
-        workload("dense", n),
+    rows = _case(
+        out,
+        progress,
+        "dense",
+        n,
         "fwd",
         ("qkv-flash", "qkv-flash-array", "qkv-flash-1thread"),
-        baseline="qkv-flash-array",
-        budget_s=40.0,
-        repeats=(4, 9),
-        max_call_s=60.0,
-        quiet_s=quiet_s,
-        progress=progress,
+        "qkv-flash-array",
+        quiet_s,
     )
-    for r in rows:
-        r["suite"] = "targets"
-    out.extend(rows)
     row = next(r for r in rows if r["impl"] == "qkv-flash")
     out.append(
         _target(f"dense fwd N={n}", row, "2 threads / 1 thread", _vs(rows, "qkv-flash", "qkv-flash-1thread"), 1.8)

@@ -150,7 +150,7 @@ def forward(
       / 2``, transformers' "minus infinity") are hidden keys, other values an additive bias.
     - ``scaling``: the score scale (None: ``1/sqrt(D)``). ``dropout``: applied to the weights
       only while ``module.training``, drawn from torch's global generator (seed it with
-      ``torch.manual_seed``); the flash impl has no dropout and refuses it.
+      ``torch.manual_seed``; the flash kernel draws its counter-based seed from it).
     - ``softcap`` (Gemma 2): ``qkv.scores.softcap``. ``output_attentions=True`` returns the
       weights (the reference impl materialises them; flash rebuilds them from its lse).
     - A row that may attend no key (left padding) gives zeros, never NaN.
