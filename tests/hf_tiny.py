@@ -113,6 +113,21 @@ def configs():
                 **TOKENS,
             ),
         ),
+        # dispatch through AttentionInterface from transformers 5.24 (computed attention in their own code before)
+        "codegen": (
+            causal,
+            "causal",
+            lambda: T.CodeGenConfig(
+                vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64, **TOKENS
+            ),
+        ),
+        "gptj": (
+            causal,
+            "causal",
+            lambda: T.GPTJConfig(
+                vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64, **TOKENS
+            ),
+        ),
     }
 
 
@@ -123,10 +138,6 @@ def refused_configs():
 
     return {
         "bloom": ("AutoModelForCausalLM", lambda: T.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4)),
-        "codegen": (
-            "AutoModelForCausalLM",
-            lambda: T.CodeGenConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64),
-        ),
         "xglm": (
             "AutoModelForCausalLM",
             lambda: T.XGLMConfig(vocab_size=VOCAB, d_model=32, num_layers=2, attention_heads=4, ffn_dim=48),
@@ -143,10 +154,6 @@ def refused_configs():
             lambda: T.DebertaV2Config(
                 vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48
             ),
-        ),
-        "gptj": (
-            "AutoModelForCausalLM",
-            lambda: T.GPTJConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64),
         ),
         "gpt_neo": (
             "AutoModelForCausalLM",

@@ -4,6 +4,7 @@ Tiny models are built from configs in code (nothing is downloaded: ``HF_HUB_OFFL
 transformers' ``eager`` attention (plain matmul + softmax) and ``sdpa`` are the oracles.
 """
 
+import inspect
 import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: never touch the network
@@ -21,6 +22,10 @@ from qkv.integrations import transformers as qt  # noqa: E402
 
 VOCAB, SEQ, PAD = 100, 12, 4  # sequence longer than Mistral's window below; row 1 has PAD left pads
 ATOL = 2e-5  # float32, logits of O(1)
+CACHE_KW = (
+    "cache" if "cache" in inspect.signature(transformers.LlamaForCausalLM.forward).parameters else "past_key_values"
+)
+"""The forward's cache argument: ``cache`` from transformers 5.24 (``past_key_values`` is deprecated there)."""
 
 CONFIGS = {
     # GQA (4 query heads over 2 kv heads) and RoPE
@@ -162,7 +167,7 @@ def test_static_cache_prefill_and_generate_match_eager():
         model = build("llama", attn=attn)  # a fresh model each: no static cache left over from the other run
         cache = StaticCache(config=model.config, max_cache_len=SEQ + 8)
         with torch.no_grad():
-            logits[attn] = model(ids, attention_mask=am, past_key_values=cache, use_cache=True).logits
+            logits[attn] = model(ids, attention_mask=am, use_cache=True, **{CACHE_KW: cache}).logits
         tokens[attn] = model.generate(
             ids, attention_mask=am, max_new_tokens=5, do_sample=False, pad_token_id=0, cache_implementation="static"
         )

@@ -22,6 +22,9 @@ from qkv.lab.app import PAGES, create_app  # noqa: E402
 from qkv.masks.spec import MASK_KINDS  # noqa: E402
 
 MAX_N = 32
+ENDLESS = 10**8
+"""The app's step limit here, and the steps of a run no machine finishes within a test: only a stop
+(or its client leaving) ends it, however fast the machine trains."""
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +34,7 @@ def client():
     except ImportError:
         torch = None
     threads = torch.get_num_threads() if torch else None
-    with TestClient(create_app(max_n=MAX_N)) as c:
+    with TestClient(create_app(max_n=MAX_N, max_steps=ENDLESS)) as c:
         yield c
     if torch:
         torch.set_num_threads(threads)  # a training thread sets 1 for the whole process: give the suite its own back
@@ -385,14 +388,14 @@ def test_training_streams_events_and_ends(client):
 
 
 def test_second_start_is_409_and_stop_ends_the_run(client):
-    r = client.post("/api/train/start?client=bob", json={**TINY, "steps": 3000})
+    r = client.post("/api/train/start?client=bob", json={**TINY, "steps": ENDLESS})  # only the stop ends it
     assert r.status_code == 200, r.text
     message = refused(client.post("/api/train/start?client=bob", json=TINY), 409)
     assert "already going" in message and "stop" in message
     t0 = time.monotonic()
     assert client.post("/api/train/stop?client=bob").status_code == 200
     seen = events(client, "bob")
-    assert seen[-1]["type"] == "stopped" and seen[-1]["steps"] < 3000
+    assert seen[-1]["type"] == "stopped" and seen[-1]["steps"] < ENDLESS
     assert time.monotonic() - t0 < 10
     assert client.post("/api/train/start?client=bob", json=TINY).status_code == 200  # free again
     assert events(client, "bob")[-1]["type"] == "done"
@@ -402,7 +405,7 @@ def test_second_start_is_409_and_stop_ends_the_run(client):
     ("body", "words"),
     [
         ({"task": "dance"}, ["task", "'copy'", "'recall'"]),
-        ({"steps": 10**6}, ["steps", "limit of 3000"]),
+        ({"steps": ENDLESS + 1}, ["steps", f"limit of {ENDLESS}"]),
         ({"d_model": 30, "n_heads": 4}, ["d_model=30", "n_heads=4"]),
         ({"pos": "xpos"}, ["pos", "'rope'", "'learned'"]),
     ],
@@ -417,11 +420,13 @@ def test_training_refuses_bad_input(client, body, words):
 
 def test_the_server_answers_while_training_and_closing_the_stream_stops_the_run():
     """Against a real server (``qkv lab --port 0 --json``): other requests answer while a run trains;
-    a client that goes away ends its run."""
-    with lab_server() as url:
+    a client that goes away ends its run (which asks for more steps than any machine trains in the
+    test: only the client's leaving can stop it)."""
+    steps = ENDLESS
+    with lab_server("--max-steps", str(steps)) as url:
         request = urllib.request.Request(
             url + "api/train/start?client=dave",
-            data=json.dumps({**TINY, "steps": 3000}).encode(),
+            data=json.dumps({**TINY, "steps": steps}).encode(),
             headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(request, timeout=10) as r:
@@ -441,7 +446,7 @@ def test_the_server_answers_while_training_and_closing_the_stream_stops_the_run(
             assert r.status == 200 and len(json.load(r)["weights"][0]) == 16
         with urllib.request.urlopen(url + "api/train/history?client=dave", timeout=5) as r:
             assert json.load(r)["status"] == "running"
-        assert time.monotonic() - t0 < 10.0  # a blocked event loop would wait minutes for the 3000 steps
+        assert time.monotonic() - t0 < 10.0  # a blocked event loop would not answer until the run ends
         stream.close()  # ... and now we are not
         deadline = time.monotonic() + 10
         while True:
@@ -450,7 +455,7 @@ def test_the_server_answers_while_training_and_closing_the_stream_stops_the_run(
             if history["status"] != "running" or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
-        assert history["status"] == "stopped" and len(history["loss"]) < 3000
+        assert history["status"] == "stopped" and len(history["loss"]) < steps
 
 
 # --------------------------------------------------------------------------- command line

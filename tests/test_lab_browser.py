@@ -52,9 +52,13 @@ def browser():
         b.close()
 
 
+ENDLESS = 10**8
+"""Steps of a run that no machine finishes within a test: only closing its page can stop it."""
+
+
 @pytest.fixture(scope="module")
 def lab():
-    with lab_server() as url:
+    with lab_server("--max-steps", str(ENDLESS)) as url:
         yield url
 
 
@@ -229,7 +233,7 @@ def test_closing_the_training_page_stops_the_run(browser, lab):
     pg = context.new_page()
     pg.goto(lab + "training")
     pg.wait_for_selector("#status[data-status=idle]")
-    pg.fill("[name=steps]", "3000")
+    pg.fill("[name=steps]", str(ENDLESS))
     pg.click("#start")
     pg.wait_for_function("document.querySelector('#status').textContent.includes('step 5')", timeout=20_000)
     client = next(c["value"] for c in context.cookies() if c["name"] == "qkv_lab_client")
@@ -242,7 +246,7 @@ def test_closing_the_training_page_stops_the_run(browser, lab):
             break
         time.sleep(0.1)
     context.close()
-    assert history["status"] == "stopped" and len(history["loss"]) < 3000
+    assert history["status"] == "stopped" and len(history["loss"]) < ENDLESS
 
 
 def test_reloading_the_training_page_keeps_the_run_going(browser, lab):
@@ -254,7 +258,7 @@ def test_reloading_the_training_page_keeps_the_run_going(browser, lab):
     pg.console = Console(pg)
     pg.goto(lab + "training")
     pg.wait_for_selector("#status[data-status=idle]")
-    pg.fill("[name=steps]", "3000")
+    pg.fill("[name=steps]", str(ENDLESS))
     pg.click("#start")
     pg.wait_for_function("document.querySelector('#status').textContent.includes('step 5')", timeout=20_000)
     pg.reload()

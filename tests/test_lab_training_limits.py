@@ -293,8 +293,9 @@ def test_many_streams_at_once_are_bounded_and_other_requests_still_answer():
     serves ``max_streams_per_run`` of them (the rest are told 429 at once), each served stream
     replays the run from its start, and a small request meanwhile answers within 2 s of its idle
     time (measured while the same two runs train)."""
-    body = {"task": "reverse", "steps": 3000, "d_model": 32, "n_heads": 4, "n_layers": 2, "batch_size": 4}
-    with lab_server() as url:
+    steps = 10**8  # more than any machine trains within the test: the runs are still going when the streams open
+    body = {"task": "reverse", "steps": steps, "d_model": 32, "n_heads": 4, "n_layers": 2, "batch_size": 4}
+    with lab_server("--max-steps", str(steps)) as url:
         port = int(url.rstrip("/").rsplit(":", 1)[1])
         for client in ("r1", "r2"):
             post(f"{url}api/train/start?client={client}", {**body, "record_every": 1, "pos": "sinusoidal"})
@@ -343,9 +344,11 @@ def steps_of(url, client):
 
 
 def test_a_run_watched_twice_stops_only_when_its_last_viewer_leaves():
-    grace = LIMITS.orphan_grace_seconds
-    tiny = {"task": "copy", "steps": 3000, "length": 3, "d_model": 16, "n_heads": 2, "n_layers": 1, "batch_size": 8}
-    with lab_server() as url:
+    """States, not timings: the run asks for more steps than any machine finishes within the test
+    (a server started with --max-steps far above the default), so only the viewers can stop it."""
+    grace, steps = LIMITS.orphan_grace_seconds, 10**8
+    tiny = {"task": "copy", "steps": steps, "length": 3, "d_model": 16, "n_heads": 2, "n_layers": 1, "batch_size": 8}
+    with lab_server("--max-steps", str(steps)) as url:
         port = int(url.rstrip("/").rsplit(":", 1)[1])
         post(url + "api/train/start?client=pair", tiny)
         first, second = open_stream(port, "pair"), open_stream(port, "pair")
@@ -358,4 +361,4 @@ def test_a_run_watched_twice_stops_only_when_its_last_viewer_leaves():
         t0 = time.monotonic()
         assert wait_for(lambda: steps_of(url, "pair")[0] != "running", grace + 10)
         status, done = steps_of(url, "pair")
-        assert status == "stopped" and done < 3000 and time.monotonic() - t0 >= grace - 0.5
+        assert status == "stopped" and done < steps and time.monotonic() - t0 >= grace - 0.5

@@ -90,12 +90,13 @@ def assert_close_to_golden(got, baseline, golden, *, factor=4.0, name="logits"):
     assert err <= factor * base + floor, f"{name}: max err {err:.3g} > {factor} x eager's {base:.3g} + {floor:.3g}"
 
 
-def golden_model(model):
-    """The same model in float64: the golden. On SDPA where the model supports it: eager in float64
-    turns a fully padded row into NaN (``finfo.min`` added to a negative score is ``-inf``), which
-    then reaches every row through the NaN keys of the padded positions."""
+def golden_model(model, attn=None):
+    """The same model in float64: the golden. On SDPA where the model supports it (unless ``attn``
+    says otherwise): eager in float64 turns a fully padded row into NaN (``finfo.min`` added to a
+    negative score is ``-inf``), which then reaches every row through the NaN keys of the padded
+    positions."""
     gold = copy.deepcopy(model).double()
-    gold.set_attn_implementation("sdpa" if type(model)._supports_sdpa else "eager")
+    gold.set_attn_implementation(attn or ("sdpa" if type(model)._supports_sdpa else "eager"))
     if getattr(gold.config, "_experts_implementation", None) not in (None, "eager"):
         gold.set_experts_implementation("eager")  # grouped_mm has no float64
     return gold
@@ -138,12 +139,15 @@ def test_output_attentions_match_eager(name):
     kw = batch(name, padded=False)
     with torch.no_grad():
         want, got = (outputs(model, attn, kw, output_attentions=True) for attn in ("eager", "qkv"))
+        golden = outputs(
+            golden_model(model, "eager"), "eager", kw, output_attentions=True
+        )  # no padding: eager is finite
     names = [k for k in want if k.endswith("attentions") and want[k] is not None]
     assert names
     for key in names:
-        assert len(got[key]) == len(want[key])
-        for g, w in zip(got[key], want[key], strict=True):
-            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=key)
+        assert len(got[key]) == len(want[key]) == len(golden[key])
+        for layer, (g, w, gold) in enumerate(zip(got[key], want[key], golden[key], strict=True)):
+            assert_close_to_golden(g, w, gold, name=f"{key}[{layer}]")
 
 
 @pytest.mark.parametrize("name", ARCHS)

@@ -45,6 +45,16 @@ def lab_command(
             "--max-n", min=2, max=1024, help="largest sequence length on the Explain, Heatmap and Positional pages"
         ),
     ] = 128,
+    max_steps: Annotated[
+        int | None,
+        typer.Option(
+            "--max-steps",
+            min=1,
+            max=10**9,
+            help="most training steps one run of the Training page may ask for (default: the lab's limit, "
+            "shown in /api/limits)",
+        ),
+    ] = None,
     allow_remote: Annotated[
         bool,
         typer.Option(
@@ -85,7 +95,9 @@ def lab_command(
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}/"
     hosts, any_address = hosts_for(host)
-    server = make_server(create_app(max_n=max_n, hosts=hosts, any_address=any_address, model=model), host, port)
+    server = make_server(
+        create_app(max_n=max_n, max_steps=max_steps, hosts=hosts, any_address=any_address, model=model), host, port
+    )
 
     def announce() -> None:
         if not loopback:
