@@ -1,0 +1,42 @@
+"""The locked environment: ``scripts/test`` installs from ``requirements-lock.txt`` and exports it
+as ``PIP_CONSTRAINT``; then every locked package that is installed has the locked version, so a
+release made after the lock cannot change what the suite runs (``CONTRIBUTING.md``, "The lock")."""
+
+import os
+import re
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+LOCK = Path(__file__).resolve().parents[1] / "requirements-lock.txt"
+
+
+def locked() -> dict[str, str]:
+    pins = re.findall(r"^([A-Za-z0-9_.-]+)==([^\s;#]+)", LOCK.read_text(), re.MULTILINE)
+    return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in pins}
+
+
+def test_the_lock_names_its_interpreter_and_pins_torch_to_the_cpu_build():
+    header = LOCK.read_text().splitlines()[0]
+    assert re.match(r"# CPython \d+\.\d+ on \S+ Linux:", header), header  # what scripts/_lock.sh reads
+    pins = locked()
+    assert pins["torch"] == "2.13.0" and pins["transformers"] and pins["nanobind"] and pins["scikit-build-core"]
+
+
+@pytest.mark.skipif(
+    Path(os.environ.get("PIP_CONSTRAINT", "/nonexistent")).resolve() != LOCK,
+    reason="not a run of scripts/test from the lock (PIP_CONSTRAINT is not requirements-lock.txt)",
+)
+def test_every_installed_locked_package_has_the_locked_version():
+    lock_python = re.match(r"# CPython (\d+\.\d+)", LOCK.read_text()).group(1)
+    assert f"{sys.version_info[0]}.{sys.version_info[1]}" == lock_python
+    installed = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version for d in metadata.distributions()}
+    wrong = {
+        name: (installed[name], want)
+        for name, want in locked().items()
+        if name in installed and installed[name].split("+")[0] != want
+    }
+    assert not wrong, f"installed (got, locked): {wrong}"
+    assert {"transformers", "torch", "numpy", "pytest"} <= installed.keys()
