@@ -8,6 +8,11 @@
 //   dV += P^T dO,  dK += dS^T Q,  dQ += dS K                                       (l. 12, 17, 18)
 // with D_i = rowsum(dO o O) - dlse_i computed once, in float64.
 //
+// Non-finite numbers (finite.hpp): non-finite K/V rows are zeroed in the tile copies, so a hidden
+// one never reaches a gradient. A row whose forward was NaN (lse NaN), or whose q, dO, D or an
+// attended bias entry is not finite, contributes P = 0 and instead sends NaN along its attended
+// edges only: its dQ row, and the dK / dV rows of the keys it may attend.
+//
 // Determinism without atomics: items are assigned statically (item t, t + T, ...), so each
 // thread's dQ partial (thread 0 writes the dq output itself, others a private buffer) is the sum of
 // a fixed sequence; the partials are added in thread order at the end. Same thread count, same bits.
@@ -43,7 +48,7 @@ template <class T> struct BwdBufs {
 // One key tile: dK, dV of keys [j0, j0 + jn) of (b, g); dQ contributions into dq_acc (B,H,Nq,Dk).
 template <class T>
 static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64_t kb,
-                     const typename Compute<T>::type* Dbuf, typename Compute<T>::type* dq_acc) {
+                     const typename Compute<T>::type* Dbuf, typename Compute<T>::type* dq_acc, uint8_t* row_nan) {
   using C = typename Compute<T>::type;
   using V = typename VecOf<C>::V;
   constexpr int64_t W = BwdBufs<T>::W;
@@ -52,6 +57,10 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
   int64_t ldk, ldv;
   kv_tile<T, C>(P.k, b, g, j0, jn, P.Dk, S.kc, dkp, true, ldk);
   kv_tile<T, C>(P.v, b, g, j0, jn, P.Dv, S.vc, dvp, true, ldv);
+  TileRows bad_k, bad_v;
+  if (scan_rows(S.kc, dkp, jn, P.Dk, bad_k)) zeroed_rows(S.kc, dkp, jn, P.Dk, bad_k, S.kc, dkp);
+  if (scan_rows(S.vc, dvp, jn, P.Dv, bad_v)) zeroed_rows(S.vc, dvp, jn, P.Dv, bad_v, S.vc, dvp);
+  uint8_t key_nan[kBlockK] = {};  // keys attended by a row that sends NaN
   std::memset(static_cast<void*>(S.dka), 0, sizeof(C) * size_t(P.bk * dkp));
   std::memset(static_cast<void*>(S.dva), 0, sizeof(C) * size_t(P.bk * dvp));
   const T* dout = static_cast<const T*>(P.dout);
@@ -82,11 +91,19 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
       // Q and dO rows of the block, zero-padded to dkp / dvp and to whole lane groups
       std::memset(static_cast<void*>(S.qs), 0, sizeof(C) * size_t(W * dkp));
       std::memset(static_cast<void*>(S.dos), 0, sizeof(C) * size_t(W * dvp));
+      uint8_t row_bad[kBlockQ] = {};
       for (int64_t r = 0; r < nr; ++r) {
         const T* qrow = q + b * P.q.s0 + h * P.q.s1 + (i0 + r) * P.q.s2;
         const T* drow = dout + b * P.dout_s.s0 + h * P.dout_s.s1 + (i0 + r) * P.dout_s.s2;
-        for (int64_t d = 0; d < P.Dk; ++d) S.qs[r * dkp + d] = to_c<C>(qrow[d]);
-        for (int64_t d = 0; d < P.Dv; ++d) S.dos[r * dvp + d] = to_c<C>(drow[d]);
+        C* qd = S.qs + r * dkp;
+        C* dd_ = S.dos + r * dvp;
+        for (int64_t d = 0; d < P.Dk; ++d) qd[d] = to_c<C>(qrow[d]);
+        for (int64_t d = 0; d < P.Dv; ++d) dd_[d] = to_c<C>(drow[d]);
+        if (!all_finite(qd, P.Dk) || !all_finite(dd_, P.Dv)) {
+          row_bad[r] = 1;
+          std::memset(static_cast<void*>(qd), 0, sizeof(C) * size_t(P.Dk));
+          std::memset(static_cast<void*>(dd_), 0, sizeof(C) * size_t(P.Dv));
+        }
       }
       for (int lg = 0; lg < nlg; ++lg) {
         const LaneGroup& L = lgs[lg];
@@ -103,16 +120,30 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
           for (int l = 0; l < kLanes; ++l) qt[d * kLanes + l] = S.qs[(lg * kLanes + l) * dkp + d] * qf;
         for (int64_t d = 0; d < P.Dv; ++d)
           for (int l = 0; l < kLanes; ++l) dot[d * kLanes + l] = S.dos[(lg * kLanes + l) * dvp + d];
+        uint8_t fl[kLanes] = {};
+        mod_lanes_init(P, L, ml);
+        const bool has_add = build_additive(P, L, tm[lg], j0, jn, S.addt, fl);
+        flag_attending(P, L, tm[lg], j0, jn, bad_k, bad_v, fl);
         alignas(64) C lse2[kLanes], dd[kLanes];
         for (int l = 0; l < kLanes; ++l) {
           const int64_t row = (b * P.H + h) * P.Nq + L.i[l];
           const C x = l < L.n ? lse[b * P.lse_s.s0 + h * P.lse_s.s1 + L.i[l] * P.lse_s.s2] : C(-INFINITY);
-          // a row that saw no key (lse = -inf) must get P = 0: exp2(s - inf)
-          lse2[l] = x == C(-INFINITY) ? C(INFINITY) : C(double(x) * kLog2e);
-          dd[l] = l < L.n ? Dbuf[row] : C(0);
+          const C dx = l < L.n ? Dbuf[row] : C(0);
+          bool sends_nan = l < L.n && (fl[l] || row_bad[lg * kLanes + l] || !(x == x) || x == C(INFINITY) ||
+                                       !std::isfinite(dx));
+          // a row that saw no key (lse = -inf) must get P = 0: exp2(s - inf); so does one sending NaN
+          lse2[l] = (x == C(-INFINITY) || sends_nan) ? C(INFINITY) : C(double(x) * kLog2e);
+          dd[l] = sends_nan ? C(0) : dx;
+          if (!sends_nan) continue;
+          bool touched = false;
+          for (int64_t jj = 0; jj < jn; ++jj)
+            if (lane_allows(P, L, tm[lg], l, j0, jj)) { key_nan[jj] = 1; touched = true; }
+          if (touched) {
+            C* dqr = dq_acc + row * P.Dk;
+            for (int64_t d = 0; d < P.Dk; ++d) dqr[d] = C(NAN);
+            __atomic_store_n(row_nan + row, uint8_t(1), __ATOMIC_RELAXED);
+          }
         }
-        mod_lanes_init(P, L, ml);
-        const bool has_add = build_additive(P, L, tm[lg], j0, jn, S.addt);
         // S^T and P^T (Alg. 2 lines 11, 13)
         gemm16<false>(pt, W, S.kc, dkp, 1, qt, kLanes, jn, P.Dk);
         {
@@ -176,8 +207,10 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
   for (int64_t jj = 0; jj < jn; ++jj) {
     C* kr = dk + ((b * P.Hkv + g) * P.Nk + j0 + jj) * P.Dk;
     C* vr = dvo + ((b * P.Hkv + g) * P.Nk + j0 + jj) * P.Dv;
-    for (int64_t d = 0; d < P.Dk; ++d) kr[d] = S.dka[jj * dkp + d] * sc;
-    for (int64_t d = 0; d < P.Dv; ++d) vr[d] = S.dva[jj * dvp + d];
+    const C nan_or_1 = key_nan[jj] ? C(NAN) : C(1);
+    for (int64_t d = 0; d < P.Dk; ++d) kr[d] = S.dka[jj * dkp + d] * sc * nan_or_1;
+    for (int64_t d = 0; d < P.Dv; ++d) vr[d] = S.dva[jj * dvp + d] * nan_or_1;
+    if (!key_nan[jj] && !(all_finite(kr, P.Dk) && all_finite(vr, P.Dv))) count_row(P, kOverflow);
   }
 }
 

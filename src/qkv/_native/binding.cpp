@@ -127,12 +127,19 @@ void need_bh(const A& a, const char* name, int64_t B, int64_t H) {
     value_error(std::string(name) + ": axis 1 must be 1 or H=" + std::to_string(H) + ", got shape " + shape_str(a));
 }
 
-struct Call {
+struct KernelCall {
   Params P;
   std::vector<std::vector<double>> tables;  // float64 copies of mod tables (tiny)
 };
 
 // ----------------------------------------------------------- common argument checks
+
+double number(nb::handle o, const std::string& what) {
+  if (!(nb::isinstance<nb::float_>(o) || nb::isinstance<nb::int_>(o)) || nb::isinstance<nb::bool_>(o))
+    type_error(what + " must be a number, got " + nb::cast<std::string>(nb::str(o.type())));
+  return nb::cast<double>(o);
+}
+
 
 void check_qkv(Params& P, const In& q, const In& k, const In& v) {
   need_ndim(q, "q", 4, "(B, H, Nq, Dk)");
@@ -159,13 +166,14 @@ void check_qkv(Params& P, const In& q, const In& k, const In& v) {
   P.q = strided4(q); P.k = strided4(k); P.v = strided4(v);
 }
 
-void check_options(Call& c, double scale, nb::object tile_class, nb::object rows, nb::object bitmap_index,
+void check_options(KernelCall& c, double scale, nb::object tile_class, nb::object rows, nb::object bitmap_index,
                    nb::object bitmaps, nb::object mods, nb::object bias, double dropout_p, uint64_t seed,
                    int threads, std::vector<In>& keep) {
   Params& P = c.P;
   if (!std::isfinite(scale)) value_error("scale must be finite, got " + std::to_string(scale));
   P.scale = scale;
-  if (threads < 1 || threads > 256) value_error("threads must be in [1, 256], got " + std::to_string(threads));
+  if (threads < 1 || threads > kMaxThreads)
+    value_error("threads must be in [1, " + std::to_string(kMaxThreads) + "], got " + std::to_string(threads));
   P.threads = threads;
   P.parallel = parallel_fn();
   if (!(dropout_p >= 0.0 && dropout_p < 1.0)) value_error("dropout_p must be in [0, 1), got " + std::to_string(dropout_p));
@@ -229,20 +237,24 @@ void check_options(Call& c, double scale, nb::object tile_class, nb::object rows
                     std::to_string(want[i]) + ", got shape " + shape_str(b));
     P.bias = strided4(b); P.has_bias = true;
   }
-  nb::sequence ms = nb::cast<nb::sequence>(mods);
+  if (!nb::isinstance<nb::sequence>(mods)) type_error("mods must be a sequence of tuples (name, ...)");
+  nb::sequence ms = nb::borrow<nb::sequence>(mods);
   const size_t nm = nb::len(ms);
   if (nm > size_t(kMaxMods)) value_error("at most " + std::to_string(kMaxMods) + " mods, got " + std::to_string(nm));
   c.tables.reserve(nm);
   for (size_t x = 0; x < nm; ++x) {
-    nb::tuple t = nb::cast<nb::tuple>(ms[x]);
-    if (nb::len(t) < 2) value_error("mods[" + std::to_string(x) + "] must be a tuple (name, ...)");
+    nb::object item = ms[x];
+    if (!nb::isinstance<nb::tuple>(item) || nb::len(item) < 2 || !nb::isinstance<nb::str>(nb::borrow<nb::tuple>(item)[0]))
+      type_error("mods[" + std::to_string(x) + "] must be a tuple (name, ...) with a str name, got " +
+                 nb::cast<std::string>(nb::repr(item)));
+    nb::tuple t = nb::borrow<nb::tuple>(item);
     const std::string name = nb::cast<std::string>(t[0]);
     Mod& m = P.mods[x];
     const std::string where = "mods[" + std::to_string(x) + "] (" + name + ")";
     if (name == "mul" || name == "softcap") {
       if (nb::len(t) != 2) value_error(where + " must be (\"" + name + "\", c)");
       m.kind = name == "mul" ? MOD_MUL : MOD_SOFTCAP;
-      m.c = nb::cast<double>(t[1]);
+      m.c = number(t[1], where + ": c");
       if (!std::isfinite(m.c) || (m.kind == MOD_SOFTCAP && !(m.c > 0)))
         value_error(where + ": c must be finite" + (m.kind == MOD_SOFTCAP ? std::string(" and > 0") : std::string()));
     } else if (name == "alibi" || name == "relbias") {
@@ -259,6 +271,7 @@ void check_options(Call& c, double scale, nb::object tile_class, nb::object rows
         else value_error(where + ": slopes must be (Hm,) or (Bm, Hm), got shape " + shape_str(a));
         if (!(nb_ == 1 || nb_ == P.B)) value_error(where + ": slopes axis 0 must be 1 or B=" + std::to_string(P.B) + ", got " + shape_str(a));
       } else {
+        if (!nb::isinstance<nb::int_>(t[2])) type_error(where + ": M must be an int");
         m.m = nb::cast<int64_t>(t[2]);
         if (m.m < 0) value_error(where + ": M must be >= 0, got " + std::to_string(m.m));
         if (a.ndim() != 2) value_error(where + ": table must be (Hm, 2M+1), got shape " + shape_str(a));
@@ -289,6 +302,8 @@ void check_options(Call& c, double scale, nb::object tile_class, nb::object rows
             }
           }();
         }
+      for (double x : buf)
+        if (!std::isfinite(x)) value_error(where + ": the table holds NaN or inf");
       c.tables.push_back(std::move(buf));
       m.table = c.tables.back().data();
       if (alibi) { m.tb_b = nb_ == 1 ? 0 : nh; m.tb_h = nh == 1 ? 0 : 1; }
@@ -314,10 +329,13 @@ const char* dtype_str(DType d) {
   return d == DType::f32 ? "float32" : d == DType::f64 ? "float64" : d == DType::f16 ? "float16" : "bfloat16";
 }
 
-void forward(In q, In k, In v, Out out, Out lse, double scale, nb::object tile_class, nb::object rows,
-             nb::object bitmap_index, nb::object bitmaps, nb::object mods, nb::object bias, double dropout_p,
-             uint64_t seed, int threads) {
-  Call c;
+// Both entries return (rows written NaN for a non-finite input, rows whose finite inputs overflowed).
+using Counts = std::tuple<int64_t, int64_t>;
+
+Counts forward(In q, In k, In v, Out out, Out lse, double scale, nb::object tile_class, nb::object rows,
+               nb::object bitmap_index, nb::object bitmaps, nb::object mods, nb::object bias, double dropout_p,
+               uint64_t seed, int threads) {
+  KernelCall c;
   Params& P = c.P;
   std::vector<In> keep;
   check_qkv(P, q, k, v);
@@ -326,6 +344,10 @@ void forward(In q, In k, In v, Out out, Out lse, double scale, nb::object tile_c
   check_out(out, "out", {P.B, P.H, P.Nq, P.Dv}, "(B, H, Nq, Dv)", P.dtype, dtype_str(P.dtype));
   check_out(lse, "lse", {P.B, P.H, P.Nq}, "(B, H, Nq)", acc, dtype_str(acc));
   P.out = out.data(); P.lse = lse.data();
+  int64_t counts[2] = {0, 0};
+  P.counts = counts;
+  std::vector<uint8_t> kv_state(size_t(P.B * P.Hkv * P.nbk), 0);  // the K/V tiles' verdicts (finite.hpp)
+  P.kv_state = kv_state.data();
   const KernelTable* t = current();
   bool ok;
   {
@@ -333,12 +355,13 @@ void forward(In q, In k, In v, Out out, Out lse, double scale, nb::object tile_c
     ok = t->forward(P);
   }
   if (!ok) throw std::bad_alloc();
+  return {counts[0], counts[1]};
 }
 
-void backward(In q, In k, In v, In out, In lse, In dout, Out dq, Out dk, Out dv, nb::object dlse, double scale,
-              nb::object tile_class, nb::object rows, nb::object bitmap_index, nb::object bitmaps, nb::object mods,
-              nb::object bias, double dropout_p, uint64_t seed, int threads) {
-  Call c;
+Counts backward(In q, In k, In v, In out, In lse, In dout, Out dq, Out dk, Out dv, nb::object dlse, double scale,
+                nb::object tile_class, nb::object rows, nb::object bitmap_index, nb::object bitmaps, nb::object mods,
+                nb::object bias, double dropout_p, uint64_t seed, int threads) {
+  KernelCall c;
   Params& P = c.P;
   std::vector<In> keep;
   check_qkv(P, q, k, v);
@@ -371,6 +394,8 @@ void backward(In q, In k, In v, In out, In lse, In dout, Out dq, Out dk, Out dv,
   P.dout = dout.data(); P.dout_s = strided4(dout);
   P.lse_s.data = lse.data(); P.lse_s.s0 = stride_of(lse, 0); P.lse_s.s1 = stride_of(lse, 1); P.lse_s.s2 = stride_of(lse, 2);
   P.dq = dq.data(); P.dk = dk.data(); P.dv = dv.data();
+  int64_t counts[2] = {0, 0};
+  P.counts = counts;
   const KernelTable* t = current();
   bool ok;
   {
@@ -378,6 +403,7 @@ void backward(In q, In k, In v, In out, In lse, In dout, Out dq, Out dk, Out dv,
     ok = t->backward(P);
   }
   if (!ok) throw std::bad_alloc();
+  return {counts[0], counts[1]};
 }
 
 void philox_keep_into(Out keep, uint64_t seed, int64_t b, int64_t h, int64_t i0, int64_t j0, double p) {
@@ -404,6 +430,13 @@ nb::tuple philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_
 
 NB_MODULE(_ext, m) {
   m.doc() = "qkv's compiled attention kernel (see qkv._native for the Python API)";
+  // The facts Python shares with the kernels, written once here (params.hpp) and read by qkv._native.
+  m.attr("EMPTY") = int(EMPTY); m.attr("PARTIAL") = int(PARTIAL); m.attr("FULL") = int(FULL);
+  m.attr("MAX_THREADS") = kMaxThreads;
+  m.attr("DECODE_MAX_NQ") = kDecodeMaxNq;
+  m.attr("LANES") = kLanes;
+  m.attr("BLOCK_Q") = kBlockQ;
+  m.attr("BLOCK_K") = kBlockK;
   m.def("isa", [] { return std::string(current()->name); });
   m.def("isas", [] {
     std::vector<std::string> r;

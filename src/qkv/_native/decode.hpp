@@ -18,10 +18,11 @@ inline namespace QKV_NS {
 
 constexpr int kThinMaxRows = 8;
 
-// One lane group of <= 8 rows against keys [ka, kz): thin layout. Same results as fwd_rowset.
+// One lane group of <= 8 rows against keys [ka, kz): thin layout. Same results as fwd_rowset, and
+// as it, the tile loop alone (thin_finish writes the rows): cold code here slows the loop.
 template <class T>
-static void fwd_thin(const Params& P, FwdBufs<T>& S, const LaneGroup& lg, int64_t ka, int64_t kz,
-                     const Partial<typename Compute<T>::type>* part) {
+__attribute__((noinline)) static void fwd_thin(const Params& P, FwdBufs<T>& S, const LaneGroup& lg, int64_t ka,
+                                               int64_t kz, uint8_t* fl) {
   using C = typename Compute<T>::type;
   using V = typename VecOf<C>::V;
   const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes), nck = dkp / kLanes;
@@ -33,6 +34,7 @@ static void fwd_thin(const Params& P, FwdBufs<T>& S, const LaneGroup& lg, int64_
   const T* q = static_cast<const T*>(P.q.data);
   for (int l = 0; l < lg.n; ++l) {
     const T* row = q + lg.b * P.q.s0 + lg.h[l] * P.q.s1 + lg.i[l] * P.q.s2;
+    if (!storage_finite(row, P.Dk)) { fl[l] |= kBadQ; continue; }  // left zero: the row sees scores of 0
     for (int64_t d = 0; d < P.Dk; ++d) qr[l * dkp + d] = to_c<C>(row[d]) * C(q_prescale(P));
   }
   C* m_run = S.ml;
@@ -52,6 +54,8 @@ static void fwd_thin(const Params& P, FwdBufs<T>& S, const LaneGroup& lg, int64_
     int64_t ldk, ldv;
     const C* kp = kv_tile<T, C>(P.k, lg.b, lg.g, j0, jn, P.Dk, S.kc, dkp, copy_k, ldk);
     const C* vp = kv_tile<T, C>(P.v, lg.b, lg.g, j0, jn, P.Dv, S.vc, dvp, copy_v, ldv);
+    clean_tile<T>(P, &lg, 1, &tm, j0, jn, S.kc, S.vc, dkp, dvp, kp, ldk, vp, ldv,
+                  reinterpret_cast<uint8_t(*)[kLanes]>(fl));
     C* st = S.st;
     for (int64_t jj = 0; jj < jn; ++jj) {
       const C* kr = kp + jj * ldk;
@@ -63,7 +67,7 @@ static void fwd_thin(const Params& P, FwdBufs<T>& S, const LaneGroup& lg, int64_
       }
       vstore(st + jj * kLanes, vload(srow));
     }
-    const bool has_add = build_additive(P, lg, tm, j0, jn, S.addt);
+    const bool has_add = build_additive(P, lg, tm, j0, jn, S.addt, fl);
     const V alpha = softmax_tile<T, C>(P, lg, ml, tm, j0, jn, st, has_add ? S.addt : nullptr, m_run, l_run);
     alignas(64) C a[kLanes];
     vstore(a, alpha);
@@ -76,14 +80,26 @@ static void fwd_thin(const Params& P, FwdBufs<T>& S, const LaneGroup& lg, int64_
     for (int64_t c = 0; c < dvp / kLanes; ++c)
       gemm16<true>(orow + c * kLanes, dvp, st, 1, kLanes, vp + c * kLanes, ldv, lg.n, jn);
   }
+}
+
+// After fwd_thin: its rows (write_rows), or for a decode split (part) the partial with its flags.
+template <class T>
+__attribute__((noinline)) static void thin_finish(const Params& P, FwdBufs<T>& S, const LaneGroup& lg,
+                                                  const uint8_t* fl, const Partial<typename Compute<T>::type>* part) {
+  using C = typename Compute<T>::type;
+  const int64_t dvp = round_up(P.Dv, kLanes);
+  const C* m_run = S.ml;
+  const C* l_run = S.ml + kLanes;
+  const C* orow = S.orow;
   if (part) {
     for (int l = 0; l < kLanes; ++l) {
       part->m[l] = m_run[l];
       part->l[l] = l_run[l];
+      part->f[l] = C(fl[l] | score_flags(m_run[l], l_run[l]));
       for (int64_t d = 0; d < P.Dv; ++d) part->o[l * P.Dv + d] = l < lg.n ? orow[l * dvp + d] : C(0);
     }
   } else {
-    write_rows<T, C>(P, lg, m_run, l_run, [&](int l, int64_t d) { return orow[l * dvp + d]; });
+    write_rows<T, C>(P, lg, m_run, l_run, fl, [&](int l, int64_t d) { return orow[l * dvp + d]; });
   }
 }
 
@@ -94,7 +110,10 @@ static void merge_partials(const Params& P, const LaneGroup* lgs, int nlg, int s
   using C = typename Compute<T>::type;
   for (int g = 0; g < nlg; ++g) {
     alignas(64) C m[kLanes], l[kLanes];
+    uint8_t fl[kLanes];
     for (int ln = 0; ln < kLanes; ++ln) {
+      fl[ln] = 0;
+      for (int s = 0; s < splits; ++s) fl[ln] |= uint8_t(parts[s].f[g * kLanes + ln]);
       C mx = C(-INFINITY);
       for (int s = 0; s < splits; ++s) mx = parts[s].m[g * kLanes + ln] > mx ? parts[s].m[g * kLanes + ln] : mx;
       m[ln] = mx;
@@ -103,7 +122,7 @@ static void merge_partials(const Params& P, const LaneGroup* lgs, int nlg, int s
         if (parts[s].l[g * kLanes + ln] > C(0)) sum += parts[s].l[g * kLanes + ln] * C(std::exp2(parts[s].m[g * kLanes + ln] - mx));
       l[ln] = sum;
     }
-    write_rows<T, C>(P, lgs[g], m, l, [&](int ln, int64_t d) {
+    write_rows<T, C>(P, lgs[g], m, l, fl, [&](int ln, int64_t d) {
       C acc = 0;
       for (int s = 0; s < splits; ++s)
         if (parts[s].l[g * kLanes + ln] > C(0))

@@ -47,11 +47,12 @@ static inline float vhsum(VF x) {
 
 // 2^x for 8 floats: x = n + f, |f| <= 1/2; 2^f by a degree-6 polynomial fitted for relative
 // error on [-1/2, 1/2] (max 1.7e-8 in float64 evaluation, below float32 rounding), 2^n by adding n to the exponent field. x < -125
-// (including -inf: masked scores) gives exactly 0, never a denormal or NaN.
+// (including -inf: masked scores) gives exactly 0, never a denormal; NaN stays NaN (finite.hpp reads
+// a NaN row sum): max / min return their second operand, x, when it is NaN.
 static inline __m256 exp2_8(__m256 x) {
   const __m256 lo = _mm256_set1_ps(-125.0f);
   const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(127.0f));
+  x = _mm256_min_ps(_mm256_set1_ps(127.0f), _mm256_max_ps(lo, x));
   const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 f = _mm256_sub_ps(x, n);
   __m256 p = _mm256_set1_ps(0.00015332507609855384f);

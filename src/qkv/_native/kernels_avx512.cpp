@@ -41,11 +41,13 @@ static inline MF vand(MF x, MF y) { return {__mmask16(x.a & y.a)}; }
 static inline VF vsel(MF m, VF x, VF y) { return {_mm512_mask_blend_ps(m.a, y.a, x.a)}; }
 static inline float vhsum(VF x) { return _mm512_reduce_add_ps(x.a); }
 
-// 2^x: as the AVX2 path (degree-6 fit on |f| <= 1/2), with scalef for the 2^n factor.
+// 2^x: as the AVX2 path (degree-6 fit on |f| <= 1/2), with scalef for the 2^n factor. NaN stays
+// NaN (finite.hpp reads a NaN row sum): the compare is unordered-true and max / min return their
+// second operand, x, when it is NaN.
 static inline VF vexp2(VF v) {
   const __m512 lo = _mm512_set1_ps(-125.0f);
-  const __mmask16 ok = _mm512_cmp_ps_mask(v.a, lo, _CMP_GE_OQ);
-  const __m512 x = _mm512_min_ps(_mm512_max_ps(v.a, lo), _mm512_set1_ps(127.0f));
+  const __mmask16 ok = _mm512_cmp_ps_mask(v.a, lo, _CMP_NLT_UQ);
+  const __m512 x = _mm512_min_ps(_mm512_set1_ps(127.0f), _mm512_max_ps(lo, v.a));
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
   __m512 p = _mm512_set1_ps(0.00015332507609855384f);

@@ -91,7 +91,9 @@ static void fwd_task(void* ctx, int tid) {
       for (int g = 0; g < nlg; ++g) {
         int64_t a, z;
         row_key_range(P, lgs + g, 1, a, z);
-        fwd_rowset<T>(P, S, lgs + g, 1, a, z, nullptr);
+        uint8_t fl[1][kLanes] = {};
+        fwd_rowset<T>(P, S, lgs + g, 1, a, z, fl);
+        fwd_finish<T>(P, S, lgs + g, 1, fl, nullptr);
       }
       continue;
     }
@@ -102,11 +104,18 @@ static void fwd_task(void* ctx, int tid) {
       const int64_t s0 = split * J.split_len, s1 = imin(P.Nk, s0 + J.split_len);
       ka = imax(ka, s0); kz = imin(kz, s1);
       C* base = J.part_buf + it * J.part_stride;
-      part.m = base; part.l = base + 4 * kLanes; part.o = base + 8 * kLanes;
+      part.m = base; part.l = base + 4 * kLanes; part.f = base + 8 * kLanes; part.o = base + 12 * kLanes;
       pp = &part;
     }
-    if (J.thin) fwd_thin<T>(P, S, lgs[0], ka, kz, pp);
-    else fwd_rowset<T>(P, S, lgs, nlg, ka, kz, pp);
+    if (J.thin) {
+      uint8_t fl[kLanes] = {};
+      fwd_thin<T>(P, S, lgs[0], ka, kz, fl);
+      thin_finish<T>(P, S, lgs[0], fl, pp);
+    } else {
+      uint8_t fl[4][kLanes] = {};
+      fwd_rowset<T>(P, S, lgs, nlg, ka, kz, fl);
+      fwd_finish<T>(P, S, lgs, nlg, fl, pp);
+    }
   }
 }
 
@@ -129,7 +138,7 @@ static bool forward_impl(const Params& P) {
     J.split_len = ((nkb + J.splits - 1) / J.splits) * P.bk;
     J.n_items = base * J.splits;
     if (J.splits > 1) {
-      J.part_stride = 8 * kLanes + 4 * kLanes * P.Dv;
+      J.part_stride = 12 * kLanes + 4 * kLanes * P.Dv;  // m, l, flags, O of up to 4 lane groups
       J.part_buf = static_cast<C*>(std::malloc(sizeof(C) * size_t(J.part_stride * J.n_items)));
       if (!J.part_buf) return false;
     }
@@ -141,13 +150,13 @@ static bool forward_impl(const Params& P) {
   run_parallel(P, nt, &fwd_task<T>, &J);
   if (J.part_buf) {
     LaneGroup lgs[4];
-    Partial<C> parts[1024];  // splits <= nkb / 4 and <= 4 * threads; threads <= 256 in binding
+    Partial<C> parts[4 * kMaxThreads];  // splits <= nkb / 4 and <= 4 * threads
     for (int64_t it = 0; it < J.n_items; it += J.splits) {
       int64_t split;
       const int nlg = make_rowset<T>(P, J, it, lgs, split);
       for (int64_t s = 0; s < J.splits; ++s) {
         C* base = J.part_buf + (it + s) * J.part_stride;
-        parts[s] = Partial<C>{base, base + 4 * kLanes, base + 8 * kLanes};
+        parts[s] = Partial<C>{base, base + 4 * kLanes, base + 8 * kLanes, base + 12 * kLanes};
       }
       merge_partials<T>(P, lgs, nlg, int(J.splits), parts);
     }
@@ -166,6 +175,7 @@ template <class T> struct BwdJob {
   int64_t n_items = 0, nkb = 0;
   C* Dbuf = nullptr;
   C** dq_part = nullptr;
+  uint8_t* row_nan = nullptr;  // (B, H, Nq): the row sent NaN along its edges (finite.hpp)
 };
 
 template <class T>
@@ -176,7 +186,7 @@ static void bwd_task(void* ctx, int tid) {
   S.carve(P, J.arena.at(tid));
   for (int64_t it = tid; it < J.n_items; it += J.nt) {  // static: deterministic dQ partial sums
     const int64_t kb = it % J.nkb, bg = it / J.nkb;
-    bwd_item<T>(P, S, bg / P.Hkv, bg % P.Hkv, kb, J.Dbuf, J.dq_part[tid]);
+    bwd_item<T>(P, S, bg / P.Hkv, bg % P.Hkv, kb, J.Dbuf, J.dq_part[tid], J.row_nan);
   }
 }
 
@@ -191,9 +201,10 @@ static bool backward_impl(const Params& P) {
   const int64_t rows = P.B * P.H * P.Nq, dq_n = rows * P.Dk;
   // D_i = rowsum(dO o O) - dlse_i, summed in float64 (it is subtracted from dP: keep it exact)
   J.Dbuf = static_cast<C*>(std::malloc(sizeof(C) * size_t(rows)));
-  C* parts[256] = {};
+  J.row_nan = static_cast<uint8_t*>(std::calloc(size_t(rows), 1));
+  C* parts[kMaxThreads] = {};
   J.dq_part = parts;
-  if (!J.Dbuf) return false;
+  if (!J.Dbuf || !J.row_nan) { std::free(J.Dbuf); std::free(J.row_nan); return false; }
   const T* o = static_cast<const T*>(P.out_s.data);
   const T* dout = static_cast<const T*>(P.dout);
   for (int64_t b = 0; b < P.B; ++b)
@@ -219,7 +230,11 @@ static bool backward_impl(const Params& P) {
     run_parallel(P, J.nt, &bwd_task<T>, &J);
     for (int t = 1; t < J.nt; ++t)
       for (int64_t x = 0; x < dq_n; ++x) dq[x] += parts[t][x];
+    // dQ rows that are not finite although their row sent no NaN: finite inputs overflowed
+    for (int64_t r = 0; r < rows; ++r)
+      if (!J.row_nan[r] && !all_finite(dq + r * P.Dk, P.Dk)) count_row(P, kOverflow);
   }
+  std::free(J.row_nan);
   for (int t = 1; t < J.nt; ++t) std::free(parts[t]);
   std::free(J.Dbuf);
   return ok;

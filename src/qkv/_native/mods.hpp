@@ -5,7 +5,7 @@
 // For the backward pass the same function also returns d s / d((q.k) * scale), the product of
 // the mods' derivatives (mul: c, softcap: 1 - tanh^2, additive mods and bias: 1).
 #pragma once
-#include "mask.hpp"
+#include "finite.hpp"
 
 namespace qkv_native {
 inline namespace QKV_NS {
@@ -34,19 +34,27 @@ static inline void mod_lanes_init(const Params& P, const LaneGroup& lg, ModLanes
 }
 
 // The additive tile [jn][16] (natural units): bias, plus -inf where a lane's bitmap bit is clear.
-// Built only when needed (a bias, or a PARTIAL tile with a bitmap); returns whether it was.
+// Built only when needed (a bias, or a PARTIAL tile with a bitmap); returns whether it was. A bias
+// entry that is NaN or +inf where the lane may attend is a non-finite input (finite.hpp): it reads
+// as 0 here and the lane is flagged kBadInput (its row becomes NaN); -inf hides the key.
 template <class C>
 static bool build_additive(const Params& P, const LaneGroup& lg, const TileMask& tm, int64_t j0, int64_t jn,
-                           C* addt) {
+                           C* addt, uint8_t* fl) {
   const bool bitmaps = tm.mode == TILE_MASKED && tm.any_bitmap;
   if (!P.has_bias && !bitmaps) return false;
   const C ninf = -INFINITY;
+  const bool masked = tm.mode == TILE_MASKED;
   for (int l = 0; l < kLanes; ++l) {
     if (l >= lg.n) { for (int64_t jj = 0; jj < jn; ++jj) addt[jj * kLanes + l] = C(0); continue; }
     const int64_t off = lg.b * P.bias.s0 + lg.h[l] * P.bias.s1 + lg.i[l] * P.bias.s2 + j0 * P.bias.s3;
     const uint64_t* bm = bitmaps ? tm.bm_row[l] : nullptr;
     for (int64_t jj = 0; jj < jn; ++jj) {
       C a = P.has_bias ? C(load_any(P.bias.data, off + jj * P.bias.s3, P.bias_dtype)) : C(0);
+      const bool hidden = (bm && !((bm[jj >> 6] >> (jj & 63)) & 1u)) || (masked && (jj < tm.lo[l] || jj >= tm.hi[l]));
+      if (!(a == a) || a == C(INFINITY)) {
+        if (!hidden) fl[l] |= kBadInput;
+        a = C(0);
+      }
       if (bm && !((bm[jj >> 6] >> (jj & 63)) & 1u)) a = ninf;
       addt[jj * kLanes + l] = a;
     }

@@ -30,6 +30,9 @@ constexpr int kBlockQ = 64;
 constexpr int kBlockK = 128;
 // Decode (Nq <= kDecodeMaxNq): one tile row of 16 queries; keys are split across threads.
 constexpr int kDecodeMaxNq = 16;
+// Most worker threads of one call: sizes the per-thread tables of the forward (decode partials)
+// and backward (dQ partials); the binding refuses more and Python caps its thread count here.
+constexpr int kMaxThreads = 256;
 
 struct Strided {            // a 4-D (or 3-D) strided view; strides in elements
   const void* data = nullptr;
@@ -80,6 +83,10 @@ struct Params {
   void* dq = nullptr; void* dk = nullptr; void* dv = nullptr; // C-contiguous, f32 (f64 for f64)
   int threads = 1;
   ParallelFn parallel = nullptr;
+  // rows written as NaN: [0] attended a non-finite input, [1] finite inputs overflowed (finite.hpp)
+  int64_t* counts = nullptr;
+  // forward: one byte per aligned K/V tile (B, Hkv, nbk), the tile's non-finite verdict (finite.hpp)
+  uint8_t* kv_state = nullptr;
 };
 
 // One table per ISA translation unit (kernels_<isa>.cpp); dispatch.cpp picks one.
