@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 import oracle as O
+import qkv
 from helpers import HAS_TORCH
 from qkv import masks
 from qkv.bench._memory import measure_attention as measure
@@ -94,8 +95,11 @@ def test_gqa_and_mqa_kv_cache_bytes():
 
 
 def test_auto_resolves_as_for_numpy_inputs():
-    assert estimate(128, impl="auto").impl == "reference"
+    from qkv import _native
+
+    assert estimate(128, impl="auto").impl == ("flash" if _native.available() else "reference")
     assert estimate(4096, impl="auto").impl == "flash"
+    assert estimate(128, impl="auto").impl == qkv.dispatch(*[np.zeros((1, 128, 64), np.float32)] * 3).impl
 
 
 def test_estimate_is_json_ready():

@@ -10,7 +10,7 @@ import pytest
 import qkv
 from helpers import HAS_TORCH
 from qkv import masks
-from qkv._impls import IMPLS, Impl, flash
+from qkv._impls import REGISTRY, flash
 from qkv.errors import ArgumentError, ShapeError
 
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
@@ -20,13 +20,13 @@ needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
 def ran(monkeypatch):
     """The names of the impls whose forward ran, in order, each flash call followed by its engine."""
     names: list[str] = []
-    for name, impl in list(IMPLS.items()):
+    for name, impl in list(REGISTRY.items()):
 
-        def forward(c, _impl=impl, _name=name):
+        def forward(c, p, _impl=impl, _name=name):
             names.append(_name)
-            return _impl.forward(c)
+            return _impl.forward(c, p)
 
-        monkeypatch.setitem(IMPLS, name, Impl(impl.name, impl.supports, forward, impl.backward))
+        monkeypatch.setitem(REGISTRY, name, impl._replace(forward=forward))
     for engine in ("array", "native"):
         module = getattr(flash, f"{engine}_engine")
 
@@ -89,7 +89,7 @@ def test_grouped_decode_estimate_is_flash_like_attention():
 
 def test_a_named_impl_is_reported_or_refused_as_attention_would():
     q = k = v = np.zeros((1, 2, 8, 4))
-    assert qkv.dispatch(q, k, v, impl="reference") == ("reference", None, "impl='reference' was asked for")
+    assert qkv.dispatch(q, k, v, impl="reference") == ("reference", None, "impl='reference' was asked for", None, None)
     with pytest.raises(ArgumentError, match="impl='torch' cannot run this call exactly"):
         qkv.dispatch(q, k, v, impl="torch")
     with pytest.raises(ArgumentError, match="impl must be one of"):

@@ -17,7 +17,6 @@ import qkv
 from helpers import HAS_TORCH, assert_close, make_qkv
 from qkv import _native, masks, scores
 from qkv._impls import build_call
-from qkv._impls import flash as flash_impl
 from qkv.errors import ArgumentError
 
 REQUIRED = os.environ.get("QKV_REQUIRE_NATIVE") == "1"
@@ -32,7 +31,9 @@ def test_the_compiled_engine_is_the_one_running_here():
         pytest.skip(f"compiled engine unavailable: {_native.reason()}")
     assert _native.available(), _native.reason()
     q = np.zeros((1, 2, 512, 16), np.float32)
-    assert qkv.dispatch(q, q, q, causal=True) == ("flash", "native", qkv.dispatch(q, q, q, causal=True).reason)
+    said = qkv.dispatch(q, q, q, causal=True)
+    assert (said.impl, said.engine) == ("flash", "native")
+    assert said.tiles == (_native.BLOCK_Q, _native.BLOCK_K) and said.threads == qkv._impls.threads() >= 1
     assert qkv.dispatch(q, q, q, impl="flash").engine == "native"
 
 
@@ -66,7 +67,7 @@ def test_both_engines_equal_the_oracle(name, kw, rng):
     allowed = None if c.mask is None else c.mask.dense(40, 50)
     golden = O.attention_oracle(q, k, v, allowed=allowed, bias=c.bias, score_fn=ORACLE_MODS.get(name))
     for engine in ("native", "array"):
-        assert flash_impl.engine(build_call(q, k, v, engine=engine, **kw))[0] == engine
+        assert qkv._impls.plan("flash", build_call(q, k, v, engine=engine, **kw)).engine == engine
         res = qkv._core.run(build_call(q, k, v, engine=engine, want_lse=True, **kw), "flash")
         assert_close(res.out, golden[0], tol=1e-11, name=f"{engine} out")
         assert_close(res.lse, golden[2], tol=1e-11, name=f"{engine} lse")

@@ -11,8 +11,7 @@ import numpy as np
 
 from ._backend import as_array, compute_dtype, device, is_traced, namespace, no_grad
 from ._finite import check_overflow
-from ._impls import Call, Dispatch, build_call
-from ._impls import dispatch as _dispatch
+from ._impls import REGISTRY, Call, Dispatch, Plan, build_call, plan
 from ._impls._autograd import with_autograd
 from ._softmax import empty_result, with_sinks
 from ._typing import Array, Result
@@ -20,7 +19,7 @@ from .errors import ArgumentError, ShapeError
 from .scores import ScoreMod
 
 
-def _nothing_attended(c: Call) -> Result:
+def _nothing_attended(c: Call, p: Plan | None = None) -> Result:
     """Nq = 0 or Nk = 0: every query row attends nothing, so zeros and ``lse = -inf``."""
     xp, d = namespace(q=c.q), c.dims
     return empty_result(
@@ -28,7 +27,9 @@ def _nothing_attended(c: Call) -> Result:
     )
 
 
-def _zero_gradients(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = None) -> tuple[Array, ...]:
+def _zero_gradients(
+    dout: Array, c: Call, p: Plan | None, out: Array, lse: Array, dlse: Array | None = None
+) -> tuple[Array, ...]:
     xp = namespace(q=c.q)
     return tuple(xp.zeros_like(x) for x in (c.q, c.k, c.v))
 
@@ -36,9 +37,9 @@ def _zero_gradients(dout: Array, c: Call, out: Array, lse: Array, dlse: Array | 
 _nothing_attended_autograd = with_autograd(_nothing_attended, _zero_gradients)
 
 
-def _empty(c: Call) -> Result:
+def _empty(c: Call, p: Plan) -> Result:
     """``_nothing_attended`` as one autograd node for torch (zero gradients, not a detached result)."""
-    res = _nothing_attended_autograd(c)
+    res = _nothing_attended_autograd(c, p)
     return res if res.weights is not None or not c.want_weights else res._replace(weights=_nothing_attended(c).weights)
 
 
@@ -46,37 +47,43 @@ def run(c: Call, impl: str = "auto") -> Result:
     """Run ``c`` on ``impl`` (``"auto"`` decides): ``Result(out, weights, lse)``.
 
     What ``attention`` does between its first line and its last; tests and benchmarks that
-    build their own ``Call`` (e.g. with forced flash ``tiles``) run it here.
+    build their own ``Call`` (e.g. with forced flash ``tiles``) run it here. One decision
+    (``plan``), which the chosen implementation then runs.
     """
-    chosen, _ = _dispatch(impl, c)
+    p = plan(impl, c)
+    c = p.call
+    chosen = REGISTRY[p.impl]
     empty = c.dims.nq * c.dims.nk == 0
     with np.errstate(all="ignore"):  # overflow is reported below, as an error, never as a warning
-        res = _empty(c) if empty else chosen.forward(c)
+        res = _empty(c, p) if empty else chosen.forward(c, p)
         if c.sinks is not None and (empty or not chosen.sinks):
             res = with_sinks(namespace(q=c.q), res, c.sinks)
-    if empty:
+    if empty or p.engine == "native":  # the compiled kernel reports overflow itself, in its pass
         return res
     with no_grad(c.q):  # a check, not part of the graph (float() of a tensor that requires grad warns)
-        check_overflow(namespace(q=c.q), res.out, c.q, c.k, c.v, c.bias, scale=c.scale)
+        check_overflow(namespace(q=c.q), res.out, c.q, c.k, c.v, c.bias, scale=c.scale, lse=res.lse)
     return res
 
 
 def dispatch(q: Array, k: Array, v: Array, *, impl: str = "auto", **attention_kwargs: Any) -> Dispatch:
     """What ``qkv.attention(q, k, v, impl=impl, **attention_kwargs)`` would run, without running it.
 
-    Returns ``Dispatch(impl, engine, reason)``: ``impl`` is ``"reference"``, ``"flash"`` or
-    ``"torch"``; ``engine`` says how flash runs (``"native"``, the compiled tile loop, or
-    ``"array"``; None for the others); ``reason`` is one sentence. The arguments are checked
-    exactly as ``attention`` checks them (same errors); a named ``impl`` that cannot run the
-    call raises the same ``ArgumentError``.
+    Returns ``Dispatch(impl, engine, reason, tiles, threads)``: ``impl`` is ``"reference"``,
+    ``"flash"`` or ``"torch"``; ``engine`` says how flash runs (``"native"``, the compiled tile
+    loop, or ``"array"``; None for the others); ``reason`` is one sentence; ``tiles``
+    ``(block_q, block_k)`` and ``threads`` are the compiled engine's (None otherwise). It is the
+    very plan ``attention`` makes and runs: read from shapes, dtypes, the device and the mask's
+    structure, never from the arrays' values. The arguments are checked exactly as
+    ``attention`` checks them (same errors); a named ``impl`` that cannot run the call raises
+    the same ``ArgumentError``.
 
     >>> qkv.dispatch(q, k, v, causal=True)
-    Dispatch(impl='flash', engine='array', reason='...')
+    Dispatch(impl='flash', engine='native', reason='...', tiles=(64, 128), threads=2)
     """
     kw = dict(attention_kwargs)
     want_weights, want_lse = kw.pop("return_weights", False), kw.pop("return_lse", False)
     c = build_call(q, k, v, want_weights=want_weights, want_lse=want_lse, **kw)
-    return _dispatch(impl, c)[1]
+    return plan(impl, c).report()
 
 
 @overload
@@ -227,9 +234,11 @@ def attention_backward(
 def run_backward(c: Call, dout: Any, out: Any, lse: Any, impl: str = "auto") -> tuple[Array, Array, Array]:
     """``attention_backward`` for a built ``Call`` (``run``'s counterpart): ``(dq, dk, dv)``."""
     dout, out, lse = check_saved(c, dout, out, lse)
-    chosen, _ = _dispatch(impl, c)
+    p = plan(impl, c)
+    c = p.call
+    chosen = REGISTRY[p.impl]
     if c.dims.nq * c.dims.nk == 0:  # nothing attended: every gradient is zero
-        return _zero_gradients(dout, c, out, lse)
+        return _zero_gradients(dout, c, p, out, lse)
     xp = namespace(q=c.q)
     if not is_traced(lse) and bool(xp.any(xp.isnan(lse))):
         raise ArgumentError(
@@ -237,6 +246,7 @@ def run_backward(c: Call, dout: Any, out: Any, lse: Any, impl: str = "auto") -> 
             "attention_backward needs the out and lse of a finite forward pass"
         )
     with np.errstate(all="ignore"), no_grad(c.q):  # an analytic backward: the gradients carry no graph
-        grads = tuple(chosen.backward(dout, c, out, lse))
-    check_overflow(xp, grads[0], c.q, c.k, c.v, c.bias, dout, out, scale=c.scale)
+        grads = tuple(chosen.backward(dout, c, p, out, lse))
+    if p.engine != "native":  # the compiled kernel reports overflow itself
+        check_overflow(xp, grads[0], c.q, c.k, c.v, c.bias, dout, out, scale=c.scale)
     return grads

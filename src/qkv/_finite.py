@@ -60,23 +60,36 @@ def may_overflow(xp: Any, *arrays: Any, scale: float) -> bool:
     return not bound <= float(np.finfo(np.float64 if dtype_name(q) == "float64" else np.float32).max) / 4
 
 
-def check_overflow(xp: Any, out: Array, *arrays: Any, scale: float) -> None:
-    """Raise ``ArgumentError`` if ``out`` holds NaN although every input in ``arrays`` is finite
-    (the scores overflowed); NaN from NaN inputs is left as it is."""
-    if is_traced(out) or bool(xp.all(xp.isfinite(xp.sum(out)))):
+def overflow_error(q: Array, k: Array, scale: float, rows: int | None = None) -> ArgumentError:
+    """The contract's error for finite inputs whose scores overflow the compute dtype (naming max
+    |q|, max |k|, Dk and the scale: what to change). Looks at q and k: only on this error path."""
+    big = [float(np.max(np.abs(to_numpy(x)))) if math.prod(x.shape) else 0.0 for x in (q, k)]
+    bound = big[0] * big[1] * q.shape[-1] * abs(scale)
+    f64 = dtype_name(q) == "float64"
+    limit = float(np.finfo(np.float64 if f64 else np.float32).max)
+    where = f" in {rows} row{'s' if rows != 1 else ''}" if rows else ""
+    return ArgumentError(
+        f"the scores q·kᵀ·scale overflow {'float64' if f64 else 'float32'}{where} "
+        f"(max |q| = {big[0]:.3g}, max |k| = {big[1]:.3g}, Dk = {q.shape[-1]}, scale = {scale:.3g}: up to "
+        f"{bound:.3g} > {limit:.3g}), which would make every weight NaN; scale q and k down"
+        + ("" if f64 else ", or compute in float64")
+    )
+
+
+def check_overflow(xp: Any, out: Array, *arrays: Any, scale: float, lse: Array | None = None) -> None:
+    """Raise ``ArgumentError`` if the result holds NaN although every input in ``arrays`` is finite
+    (the scores overflowed); NaN from non-finite inputs is left as it is. For the engines that do
+    not report overflow themselves (the compiled kernel does): reads ``lse`` (a pass over
+    ``(..., Nq)``, not over the output) where the engine gives it, else ``out``; the inputs only
+    when something is amiss."""
+    if is_traced(out) or (lse is not None and is_traced(lse)):
+        return
+    if lse is not None:
+        if bool(xp.all(xp.isfinite(lse) | (lse == -float("inf")))):
+            return  # every row finite or empty
+    elif bool(xp.all(xp.isfinite(xp.sum(out)))) or not bool(xp.any(xp.isnan(out))):
         return  # no NaN in out (a sum needs no output-sized temporary, unlike isnan)
-    if not bool(xp.any(xp.isnan(out))):
-        return  # the sum overflowed, not a NaN
     given = [x for x in arrays if x is not None]
     if not all(bool(xp.all(xp.isfinite(x))) for x in given):
         return  # a NaN or inf in the inputs, propagated to the rows that attend it
-    q, k = given[0], given[1]
-    big = [float(np.max(np.abs(to_numpy(x)))) if math.prod(x.shape) else 0.0 for x in (q, k)]
-    bound = big[0] * big[1] * q.shape[-1] * abs(scale)
-    limit = float(np.finfo(np.float64 if dtype_name(q) == "float64" else np.float32).max)
-    raise ArgumentError(
-        f"the scores q·kᵀ·scale overflow {dtype_name(q) if dtype_name(q) == 'float64' else 'float32'} "
-        f"(max |q| = {big[0]:.3g}, max |k| = {big[1]:.3g}, Dk = {q.shape[-1]}, scale = {scale:.3g}: up to "
-        f"{bound:.3g} > {limit:.3g}), which would make every weight NaN; scale q and k down"
-        + (", or compute in float64" if dtype_name(q) != "float64" else "")
-    )
+    raise overflow_error(given[0], given[1], scale)

@@ -19,7 +19,7 @@ import numpy as np
 
 from .._backend import HALF, as_array, dtype_name, is_torch, namespace, to_numpy, unbroadcast
 from .._finite import check_overflow
-from .._impls import Call, build_call, dispatch
+from .._impls import Call, build_call, plan
 from .._impls import reference as ref
 from ..diagnostics import entropy
 from ..errors import ArgumentError, ShapeError
@@ -99,7 +99,7 @@ def explain(
         "score_mod": None if n.score_mod is None else n.score_mod.name,
         "grad": bool(grad or dout is not None),
         "dtype": dtype_name(n.q),
-        "dispatch": dispatch("auto", c)[1]._asdict(),  # what qkv.attention(impl="auto") runs for this call
+        "dispatch": plan("auto", c).report()._asdict(),  # what qkv.attention(impl="auto") runs for this call
     }
     return Trace(tuple(steps), {name: tuple(int(x) for x in s) for name, s in inputs.items()}, options)
 

@@ -2,19 +2,23 @@
 
 ``with_autograd(forward, backward)`` gives a forward that, for torch tensors requiring grad,
 runs inside a ``torch.autograd.Function`` saving only ``q, k, v, out, lse``; the backward
-pass recomputes what it needs. ``torch`` is imported only when a tensor needs it.
+pass recomputes what it needs, with the forward's plan. ``torch`` is imported only when a tensor
+needs it.
 """
 
 from collections.abc import Callable
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._backend import is_torch
 from .._typing import Array, Result
 from ._call import Call
 
-Forward = Callable[[Call], Result]
-Backward = Callable[..., tuple[Array, Array, Array]]
+if TYPE_CHECKING:
+    from ._plan import Plan
+
+Forward = Callable[[Call, "Plan"], Result]
+Backward = Callable[..., tuple[Array, ...]]
 
 
 @cache
@@ -23,13 +27,13 @@ def _function(forward: Forward, backward: Backward) -> Any:
 
     class AttentionFunction(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, bias, call):
+        def forward(ctx, q, k, v, bias, call, plan):
             c = call._replace(q=q, k=k, v=v, want_weights=False)
             if bias is not None:
                 c = c._replace(bias=bias)
-            res = forward(c)
+            res = forward(c, plan)
             ctx.save_for_backward(q, k, v, res.out, res.lse, bias)
-            ctx.call = call
+            ctx.call, ctx.plan = call, plan
             return res.out, res.lse
 
         @staticmethod
@@ -37,8 +41,8 @@ def _function(forward: Forward, backward: Backward) -> Any:
             q, k, v, out, lse, bias = ctx.saved_tensors
             c = ctx.call._replace(q=q, k=k, v=v)
             if bias is None:
-                return (*backward(dout, c, out, lse, dlse), None, None)
-            return (*backward(dout, c._replace(bias=bias), out, lse, dlse, dbias=True), None)
+                return (*backward(dout, c, ctx.plan, out, lse, dlse), None, None, None)
+            return (*backward(dout, c._replace(bias=bias), ctx.plan, out, lse, dlse, dbias=True), None, None)
 
     return AttentionFunction
 
@@ -50,15 +54,15 @@ def with_autograd(forward: Forward, backward: Backward) -> Forward:
     returns its gradient as a fourth array.
     """
 
-    def run(c: Call) -> Result:
+    def run(c: Call, p: "Plan") -> Result:
         learned_bias = c.bias is not None and getattr(c.bias, "requires_grad", False)
         if not is_torch(c.q) or not (learned_bias or any(x.requires_grad for x in (c.q, c.k, c.v))):
-            return forward(c)
+            return forward(c, p)
         import torch
 
         if not torch.is_grad_enabled():
-            return forward(c)
-        out, lse = _function(forward, backward).apply(c.q, c.k, c.v, c.bias if learned_bias else None, c)
+            return forward(c, p)
+        out, lse = _function(forward, backward).apply(c.q, c.k, c.v, c.bias if learned_bias else None, c, p)
         return Result(out, None, lse)  # impls wrapped here decline want_weights with autograd
 
     return run

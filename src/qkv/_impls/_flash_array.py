@@ -42,6 +42,7 @@ from .._softmax import finalise, safe_max
 from .._typing import Array, Result
 from ..scores._mod import through
 from ._call import Call
+from ._nonfinite import poisoned, poisoned_rows
 from .reference import recomputed
 
 
@@ -158,7 +159,7 @@ def forward(c: Call, block_q: int, block_k: int, classes: np.ndarray) -> Result:
         out = set_(out, (..., slice(q0, q1), slice(None)), cast(xp, o, c.q.dtype), inplace)
         lse = set_(lse, (..., slice(q0, q1)), row_lse[..., 0], inplace)
     weights = _weights(xp, c, lse, tiles, classes, block_q, block_k) if c.want_weights else None
-    return Result(out, weights, lse)
+    return poisoned(xp, Result(out, weights, lse), poisoned_rows(xp, c))
 
 
 def _weights(xp: Any, c: Call, lse: Array, tiles: _Tiles, classes: np.ndarray, bq: int, bk: int) -> Array:

@@ -9,23 +9,25 @@ apply it. The backward pass recomputes each tile's weights from the saved ``lse`
 Two engines run the same tile loop: the compiled one (``_flash_native``, ``qkv._native``: the
 fused C++ kernel) whenever it supports the call, and the array engine (``_flash_array``:
 array-API code on NumPy, torch or JAX) for everything else. This module chooses the tiles and
-the engine; ``Call.engine`` forces one (``"array"`` / ``"native"``: tests and benchmarks).
-"""
+the engine in the call's plan (``_plan``); ``Call.engine`` forces one (``"array"`` /
+``"native"``: tests and benchmarks)."""
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import masks
-from .._backend import is_torch, is_traced, namespace
-from .._finite import may_overflow
+from .._backend import is_jax, is_torch
 from .._typing import Array, Result
-from ..errors import ArgumentError
-from ..masks._rows import full_pairs, kept_pairs, row_tiles, tile_counts
+from ..errors import DTypeError
+from ..masks import full_pairs, kept_pairs, row_tiles, tile_counts
 from . import _flash_array as array_engine
 from . import _flash_native as native_engine
 from ._call import Call
+
+if TYPE_CHECKING:
+    from ._plan import Plan
 
 BLOCK_Q = 256
 BLOCK_K = 512
@@ -84,7 +86,7 @@ def _tile_work(c: Call, bq: int, bk: int) -> tuple[int, int, int]:
     rt = row_tiles(c.mask, d.nq, d.nk, bq, bk)
     if rt is not None:
         return kept_pairs(rt, d.nk, bk), full_pairs(rt, d.nk, bk), tile_counts(rt)[0]
-    classes = tile_classes(c, bq, bk)
+    classes = masks.shared_classes(c.mask, d.nq, d.nk, bq, bk)
     area = (
         np.diff(np.minimum(np.arange(classes.shape[0] + 1) * bq, d.nq))[:, None]
         * np.diff(np.minimum(np.arange(classes.shape[1] + 1) * bk, d.nk))[None, :]
@@ -103,6 +105,11 @@ def seeded(c: Call) -> Call:
     masks: from torch's global generator for torch tensors, else from NumPy's entropy."""
     if c.dropout == 0 or c.rng is not None:
         return c
+    if is_jax(c.q):  # JAX has no global generator: the key (or an int seed) is the caller's to give
+        raise DTypeError(
+            "rng is NoneType; dropout on JAX arrays needs a JAX PRNG key, e.g. rng=jax.random.key(0), "
+            "or an int seed of the flash kernel's counter-based generator"
+        )
     if is_torch(c.q):
         import torch
 
@@ -132,69 +139,30 @@ def supports(c: Call) -> str | None:
     return None
 
 
-def tile_classes(c: Call, block_q: int, block_k: int) -> np.ndarray:
-    """``(nbq, nbk)`` classes valid for every batch element: EMPTY / FULL only where all agree."""
+def forward(c: Call, p: "Plan") -> Result:
+    """``Result(out, weights, lse)`` of the call, by tiles, on the plan's engine."""
+    if p.engine == "native":
+        return native_engine.forward(c, p)
+    assert p.tiles is not None
+    return array_engine.forward(c, p.tiles[0], p.tiles[1], _classes(c, p))
+
+
+def _classes(c: Call, p: "Plan") -> np.ndarray:
     d = c.dims
-    nbq, nbk = -(-d.nq // block_q), -(-d.nk // block_k)
+    assert p.tiles is not None
+    bq, bk = p.tiles
     if c.mask is None:
-        return np.full((nbq, nbk), masks.FULL, dtype=np.int8)
-    cls = c.mask.blocks(d.nq, d.nk, block_q, block_k)
-    if cls.ndim > 2:
-        flat = cls.reshape(-1, nbq, nbk)
-        cls = np.where(
-            (flat == masks.EMPTY).all(0), masks.EMPTY, np.where((flat == masks.FULL).all(0), masks.FULL, masks.PARTIAL)
-        )
-    return cls
-
-
-def engine(c: Call) -> tuple[str, str | None]:
-    """``("native", None)`` when the compiled engine runs ``c``, else ``("array", why)``.
-
-    ``Call.engine`` forces one (``"native"`` raises ``ArgumentError`` with the reason when it
-    cannot); forced ``tiles`` are the array engine's.
-    """
-    if c.engine == "array":
-        return "array", "engine='array' was asked for"
-    why = "tiles were forced (the compiled engine has its own)" if c.tiles is not None else native_engine.reason(c)
-    if why is None:
-        return "native", None
-    if c.engine == "native":
-        raise ArgumentError(f"engine='native' cannot run this call: {why}")
-    return "array", why
-
-
-def forward(c: Call) -> Result:
-    """``Result(out, weights, lse)`` of the call, by tiles."""
-    if engine(c)[0] == "native":
-        res = native_engine.forward(c)
-        if not _suspect(c, res.lse):
-            return res
-        # a score the kernel's exp2 domain cannot hold, or a NaN input, ends as a clamped or
-        # empty row there: the array engine gives the reference's answer, or the NaN that the
-        # caller reports as an overflow
-    bq, bk = choose_tiles(c)
-    return array_engine.forward(c, bq, bk, tile_classes(c, bq, bk))
-
-
-def _suspect(c: Call, lse: Array) -> bool:
-    """Whether the compiled engine's ``lse`` may hide an overflow or a NaN input: some row is
-    +inf or NaN, or -inf (empty) while the inputs could overflow (an all-NaN row of scores looks
-    empty to the kernel's max). Costs a pass over ``lse``, and over q, k and the bias only when
-    some row is not finite."""
-    xp = namespace(lse=lse)
-    if is_traced(lse) or bool(xp.all(xp.isfinite(lse))):
-        return False
-    if bool(xp.any(xp.isnan(lse) | (lse == float("inf")))):
-        return True
-    return may_overflow(namespace(q=c.q), c.q, c.k, c.bias, scale=c.scale)
+        return np.full((-(-d.nq // bq), -(-d.nk // bk)), masks.FULL, dtype=np.int8)
+    return masks.shared_classes(c.mask, d.nq, d.nk, bq, bk)
 
 
 def backward(
-    dout: Array, c: Call, out: Array, lse: Array, dlse: Array | None = None, dbias: bool = False
+    dout: Array, c: Call, p: "Plan", out: Array, lse: Array, dlse: Array | None = None, dbias: bool = False
 ) -> tuple[Array, ...]:
     """Gradients by tiles, recomputing ``A = exp(S - lse)`` (FlashAttention-2, Algorithm 2); a
     bias's gradient (``dbias``) comes from the array engine."""
-    if not dbias and engine(c)[0] == "native":
-        return native_engine.backward(dout, c, out, lse, dlse)
-    bq, bk = choose_tiles(c)
-    return array_engine.backward(dout, c, out, lse, dlse, dbias, bq, bk, tile_classes(c, bq, bk))
+    if not dbias and p.engine == "native":
+        return native_engine.backward(dout, c, p, out, lse, dlse)
+    tiles = p.tiles if p.engine == "array" and p.tiles is not None else choose_tiles(c)
+    p = p._replace(tiles=tiles)
+    return array_engine.backward(dout, c, out, lse, dlse, dbias, tiles[0], tiles[1], _classes(c, p))

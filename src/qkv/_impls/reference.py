@@ -39,6 +39,7 @@ from ..masks import Mask
 from ..scores import ScoreMod
 from ..scores._mod import through
 from ._call import Call
+from ._nonfinite import poisoned, poisoned_rows
 
 # --------------------------------------------------------------------------- forward steps
 
@@ -177,7 +178,7 @@ def forward(c: Call) -> Result:
     a = dropped(xp, a, c)
     out = output(xp, a, v, c)
     weights = cast(xp, a, c.q.dtype) if c.want_weights else None
-    return Result(cast(xp, out, c.q.dtype), weights, lse)
+    return poisoned(xp, Result(cast(xp, out, c.q.dtype), weights, lse), poisoned_rows(xp, c))
 
 
 def backward(dout: Array, c: Call, out: Array, lse: Array) -> tuple[Array, Array, Array]:

@@ -8,7 +8,9 @@ declines (``supports`` gives the reason):
   ``Nq == Nk`` (where the two agree), every other mask is passed as an explicit matrix;
 - it returns neither weights nor ``lse``, and draws dropout from torch's global generator;
 - a query row with no allowed key is given every key and its output zeroed afterwards, so
-  neither its output nor its gradients depend on how a kernel treats an all ``-inf`` row.
+  neither its output nor its gradients depend on how a kernel treats an all ``-inf`` row;
+- it reads every key, hidden or not: non-finite key and value rows are zeroed before it runs,
+  and the rows that attend one are set to NaN after (``_nonfinite``), as on every impl.
 """
 
 from typing import Any
@@ -17,9 +19,10 @@ import numpy as np
 
 from .. import masks
 from .._backend import compute_dtype, from_numpy, is_torch, namespace
-from .._finite import bad_rows
+from .._finite import bad_rows, zeroed
 from .._typing import Array, Result
 from ._call import Call
+from ._nonfinite import poisoned_rows
 
 
 def supports(c: Call) -> str | None:
@@ -33,10 +36,6 @@ def supports(c: Call) -> str | None:
         return "torch SDPA draws dropout from torch's global generator and cannot take an rng"
     if c.score_mod is not None and c.score_mod.bias is None:
         return f"score_mod {c.score_mod.name} is not an additive bias, which SDPA cannot apply"
-    if c.mask is not None or c.bias is not None:
-        xp = namespace(q=c.q)
-        if bad_rows(xp, c.k) is not None or bad_rows(xp, c.v) is not None:
-            return "k or v holds NaN or inf, which SDPA reads even where the mask hides it"
     return None
 
 
@@ -89,6 +88,10 @@ def _run(c: Call) -> Array:
     import torch
     import torch.nn.functional as F
 
+    rows = poisoned_rows(torch, c)
+    if rows is not None:  # SDPA reads every key: the non-finite rows of k and v become zeros first
+        xp = namespace(q=c.q)
+        c = c._replace(k=zeroed(xp, c.k, bad_rows(xp, c.k)), v=zeroed(xp, c.v, bad_rows(xp, c.v)))
     q, k, v, gqa = _inputs(c)
     ct = compute_dtype(torch, c.q)
     attn_mask, empty, is_causal = _attn_mask(c, q.to(ct) if ct != q.dtype else q)
@@ -99,6 +102,8 @@ def _run(c: Call) -> Array:
     )
     if empty is not None:
         out = torch.where(empty, torch.zeros((), dtype=out.dtype, device=out.device), out)
+    if rows is not None:  # the rows that attend a non-finite input: NaN (_nonfinite)
+        out = torch.where(rows[..., None], torch.full((), float("nan"), dtype=out.dtype), out)
     return out
 
 

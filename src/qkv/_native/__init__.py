@@ -24,9 +24,6 @@ from typing import Any
 
 import numpy as np
 
-EMPTY, PARTIAL, FULL = 0, 1, 2
-"""Tile classes (int8 values of ``tile_class``)."""
-
 _ext: Any = None
 _reason = ""
 
@@ -62,6 +59,21 @@ def _load() -> None:
 
 
 _load()
+
+# The facts the kernels and Python share, written once in C++ (params.hpp) and read here from the
+# binding; None when the extension is missing (nothing then runs on it).
+EMPTY: int | None = getattr(_ext, "EMPTY", None)
+PARTIAL: int | None = getattr(_ext, "PARTIAL", None)
+FULL: int | None = getattr(_ext, "FULL", None)
+"""Tile classes (int8 values of ``tile_class``); ``qkv.masks`` checks it uses the same ones."""
+MAX_THREADS: int = getattr(_ext, "MAX_THREADS", 1)
+"""Most worker threads one call may use (the kernel's per-thread tables are sized by it)."""
+DECODE_MAX_NQ: int | None = getattr(_ext, "DECODE_MAX_NQ", None)
+"""Calls with at most this many queries take the decode path (keys split across threads)."""
+LANES: int | None = getattr(_ext, "LANES", None)
+BLOCK_Q: int | None = getattr(_ext, "BLOCK_Q", None)
+BLOCK_K: int | None = getattr(_ext, "BLOCK_K", None)
+"""Queries across the SIMD lanes, and the tile shape of prefill work."""
 
 
 def available() -> bool:
@@ -154,10 +166,12 @@ def forward(
     dropout_p: float = 0.0,
     seed: int = 0,
     threads: int = 1,
-) -> None:
+) -> tuple[int, int]:
     """Attention forward into ``out (B, H, Nq, Dv)`` and ``lse (B, H, Nq)`` (see the module doc
-    and the lead's contract for the argument layouts)."""
-    _need().forward(
+    for the argument layouts). Returns ``(rows that attended a non-finite input, rows whose finite
+    inputs overflowed)``: both kinds are written as NaN with ``lse`` NaN; the caller raises for
+    the second (``_native/finite.hpp``)."""
+    return _need().forward(
         _dl(q),
         _dl(k),
         _dl(v),
@@ -198,10 +212,12 @@ def backward(
     dropout_p: float = 0.0,
     seed: int = 0,
     threads: int = 1,
-) -> None:
+) -> tuple[int, int]:
     """Gradients into ``dq (B, H, Nq, Dk)``, ``dk (B, Hkv, Nk, Dk)``, ``dv (B, Hkv, Nk, Dv)``
-    (float32; float64 for float64 inputs), recomputed from ``q, k, v, out, lse``."""
-    _need().backward(
+    (float32; float64 for float64 inputs), recomputed from ``q, k, v, out, lse``. A row that
+    sends NaN (its forward was NaN, or its q / dO is not finite) sends it along its attended
+    edges only. Returns the counts as ``forward`` does."""
+    return _need().backward(
         _dl(q),
         _dl(k),
         _dl(v),
@@ -238,8 +254,13 @@ def philox_keep(seed: int, b: int, h: int, i0: int, i1: int, j0: int, j1: int, p
 
 
 __all__ = [
+    "BLOCK_K",
+    "BLOCK_Q",
+    "DECODE_MAX_NQ",
     "EMPTY",
     "FULL",
+    "LANES",
+    "MAX_THREADS",
     "PARTIAL",
     "available",
     "backward",

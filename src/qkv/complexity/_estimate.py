@@ -14,8 +14,7 @@ from .. import _native as native
 from .. import masks
 from .._checks import check_flag, check_impl
 from .._core import dispatch
-from .._impls import _flash_native as native_engine
-from .._impls import build_call, flash
+from .._impls import build_call, native_reason, threads
 from .._impls.flash import choose_tiles
 from ..errors import MaskError
 from ._model import ITEMSIZE, check_sizes, compute_itemsize, flops, tile_pairs
@@ -85,13 +84,13 @@ def _native_peak(
     tile's bit per cell when the mask has no row intervals. Backward adds ``D = rowsum(dO∘O)``,
     one dQ accumulator per extra thread (summed after: deterministic) and, for half precision,
     the compute-type gradients the outputs are cast from."""
-    threads = native_engine.threads()
+    workers = threads()
     forward = (2 * bk * (dk + dv) + 2 * 16 * bk + 4 * 16 * (dk + dv)) * c
     if not backward:
-        return threads * forward + lanes * nq * c + bits
+        return workers * forward + lanes * nq * c + bits
     scratch = (4 * bk * (dk + dv) + 2 * 16 * 4 * (dk + dv) + 5 * 16 * bk) * c
     rows = lanes * nq
-    peak = threads * scratch + 2 * rows * c + (threads - 1) * rows * dk * c + bits
+    peak = workers * scratch + 2 * rows * c + (workers - 1) * rows * dk * c + bits
     if c != s:  # dq, dk, dv accumulate in float32 and are cast to the outputs' dtype
         peak += (rows * dk + kv_lanes * nk * (dk + dv)) * c
     return peak
@@ -137,7 +136,7 @@ def estimate(
     mask_batch = 1 if m is None else math.prod(m.blocks(nq, nk, nq, nk).shape[:-2])
     mask_pairs = 0 if m is None else mask_batch * nq * nk
     tiles = None
-    if impl == "flash" and flash.engine(call)[0] == "native":
+    if impl == "flash" and call.engine != "array" and native_reason(call) is None:
         bq, bk = native.tile_shape(nq, nk, dk, dv, dtype)
         pairs, partial = tile_pairs(m, nq, nk, bq, bk)
         tiles = (bq, bk)
@@ -167,8 +166,8 @@ def estimate(
                 peak += (lanes * nq * dk + b * hkv * nk * (dk + dv)) * c
         else:
             qs, ks = _torch_split(nq)
-            threads = os.cpu_count() or 1
-            peak = threads * ((4 if backward else 1) * qs * ks + qs * dv) * c + lanes * nq * 4
+            workers = os.cpu_count() or 1
+            peak = workers * ((4 if backward else 1) * qs * ks + qs * dv) * c + lanes * nq * 4
             peak += lanes * nq * dk * s if backward else 0
             plain_causal = m is masks.causal() and nq == nk  # SDPA's is_causal: no mask tensor
             peak += 0 if (m is None or plain_causal) else (4 + c) * mask_pairs

@@ -21,7 +21,7 @@ from typing import Any
 from .. import masks
 from .._backend import device, namespace
 from .._checks import check_qkv
-from .._impls import build_call, flash
+from .._impls import build_call, flash, plan
 from .._softmax import empty_result, merge_attention
 from .._typing import Array
 from ._layout import Segments, local_ranges
@@ -60,8 +60,14 @@ def _nothing(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
 
 
 def _flash(q: Array, k: Array, v: Array, mask: Any, scale: float) -> tuple[Array, Array]:
-    res = flash.forward(build_call(q, k, v, mask=mask, scale=scale))
+    p = plan("flash", build_call(q, k, v, mask=mask, scale=scale))
+    res = flash.forward(p.call, p)
     return res.out, res.lse
+
+
+def _flash_backward(dout: Array, c: Any, out: Array, lse: Array) -> tuple[Array, ...]:
+    p = plan("flash", c)
+    return flash.backward(dout, p.call, p, out, lse)
 
 
 def block_forward(
@@ -123,7 +129,7 @@ def block_backward(
     """
     classes = [[pair_mask(qs, ks, causal, nq, nk) for ks in kv_segs] for qs in q_segs]
     if all(c == masks.FULL for row in classes for c, _ in row):
-        return flash.backward(dout, build_call(q, k, v, scale=scale), out, lse)
+        return _flash_backward(dout, build_call(q, k, v, scale=scale), out, lse)
     if all(c == masks.EMPTY for row in classes for c, _ in row):
         return None
     xp = namespace(q=q, k=k, v=v)
@@ -132,7 +138,7 @@ def block_backward(
         for (ka, kb), (c, m) in zip(local_ranges(kv_segs), row, strict=True):
             if c == masks.EMPTY:
                 continue
-            g = flash.backward(
+            g = _flash_backward(
                 dout[..., qa:qb, :],
                 build_call(q[..., qa:qb, :], k[..., ka:kb, :], v[..., ka:kb, :], mask=m, scale=scale),
                 out[..., qa:qb, :],

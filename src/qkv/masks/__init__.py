@@ -32,12 +32,24 @@ from ._mask import FULL as FULL
 from ._mask import PARTIAL as PARTIAL
 from ._mask import Mask as Mask
 from ._mask import picture as picture
+from ._plan import BlockPlan as BlockPlan
+from ._plan import plan as plan
+from ._plan import shared_classes as shared_classes
 from ._positions import causal as causal
 from ._positions import dilated as dilated
 from ._positions import prefix_lm as prefix_lm
 from ._positions import sliding_window as sliding_window
+from ._rows import RowTiles as RowTiles
+from ._rows import full_pairs as full_pairs
+from ._rows import kept_pairs as kept_pairs
+from ._rows import row_tiles as row_tiles
+from ._rows import tile_counts as tile_counts
 from ._sequences import packed as packed
 from ._sequences import padding as padding
+
+# Not in __all__: what the kernels and the cost models read of a mask (its plan for one call, its
+# rows of tiles), for the packages above this one; nothing outside qkv.masks reaches its private
+# modules (import-linter).
 
 __all__ = [
     "EMPTY",

@@ -7,7 +7,7 @@ and the text picture.
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,7 +42,8 @@ class Mask:
     (causal, sliding window, prefix LM, padding, packed documents, and ``&`` of those).
     ``bind`` is set for masks that depend on the batch and head index (``from_fn(fn(b, h, i,
     j))``): ``qkv.attention`` binds them to its call's leading ``(*B, H)`` shape (``bound``).
-    A mask is a pure function of its indices: its tile classes are remembered per size.
+    A mask is a pure, immutable function of its indices: its tile classes and bound forms are
+    remembered per size outside it (``masks._plan.cached``).
     """
 
     allowed: Allowed
@@ -51,21 +52,15 @@ class Mask:
     size: tuple[int, int] | None = None  # (Nq, Nk) for masks built for one size (from_dense, document)
     rows: Rows | None = None
     bind: Callable[[tuple[int, ...]], "Mask"] | None = None
-    _memo: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     def bound(self, lead: tuple[int, ...]) -> "Mask":
         """This mask for a call whose scores are ``(*lead, Nq, Nk)`` (itself unless it depends on batch and head)."""
         if self.bind is None:
             return self
-        key = ("bound", tuple(lead))
-        if key not in self._memo:
-            self._remember(key, self.bind(tuple(lead)))
-        return self._memo[key]
+        from ._plan import cached
 
-    def _remember(self, key: Any, value: Any) -> None:
-        if len(self._memo) >= 16:  # a handful of sizes per mask in practice; never unbounded
-            self._memo.clear()
-        self._memo[key] = value
+        bind = self.bind
+        return cached((self, "bound", tuple(lead)), lambda: bind(tuple(lead)))
 
     def intervals(self, nq: int, nk: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Each query row's allowed keys ``[lo, hi)``: int64 ``(..., nq)`` each, or None when the
@@ -101,16 +96,18 @@ class Mask:
             check_int(b, f"Mask.blocks {name}", minimum=1, error=MaskError)
         nbq = -(-nq // block_q)
         r0, r1 = (0, nbq) if rows is None else (max(0, rows[0]), min(nbq, rows[1]))
-        key = ("blocks", nq, nk, block_q, block_k, r0, r1)
-        if key not in self._memo:
+        from ._plan import cached
+
+        def build() -> np.ndarray:
             q0 = np.arange(r0 * block_q, min(r1 * block_q, nq), block_q)[:, None]
             k0 = np.arange(0, nk, block_k)[None, :]
             q1, k1 = np.minimum(q0 + block_q, nq), np.minimum(k0 + block_k, nk)
             c = self._classify(q0, q1, k0, k1, nq, nk).astype(np.int8)
             c = np.broadcast_to(c, np.broadcast_shapes(c.shape, (q0.size, k0.size))).copy()
             c.flags.writeable = False  # shared by every call of this size
-            self._remember(key, c)
-        return self._memo[key]
+            return c
+
+        return cached((self, "blocks", nq, nk, block_q, block_k, r0, r1), build)
 
     def _classify(self, q0: np.ndarray, q1: np.ndarray, k0: np.ndarray, k1: np.ndarray, nq: int, nk: int):
         if self.tiles is not None:
