@@ -10,8 +10,8 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from ._backend import as_array, compute_dtype, device, is_traced, namespace, no_grad
-from ._finite import check_overflow
-from ._impls import REGISTRY, Call, Dispatch, Plan, build_call, plan
+from ._finite import check_overflow, overflow_error
+from ._impls import REGISTRY, Call, Dispatch, Plan, build_call, empty_rows_overflowed, plan
 from ._impls._autograd import with_autograd
 from ._softmax import empty_result, with_sinks
 from ._typing import Array, Result
@@ -61,7 +61,12 @@ def run(c: Call, impl: str = "auto") -> Result:
     if empty or p.engine == "native":  # the compiled kernel reports overflow itself, in its pass
         return res
     with no_grad(c.q):  # a check, not part of the graph (float() of a tensor that requires grad warns)
-        check_overflow(namespace(q=c.q), res.out, c.q, c.k, c.v, c.bias, scale=c.scale, lse=res.lse)
+        xp = namespace(q=c.q)
+        check_overflow(xp, res.out, c.q, c.k, c.v, c.bias, scale=c.scale, lse=res.lse)
+        if res.lse is not None and empty_rows_overflowed(xp, c, res.lse):
+            inputs = [x for x in (c.q, c.k, c.v, c.bias) if x is not None]
+            if all(bool(xp.all(xp.isfinite(x))) for x in inputs):
+                raise overflow_error(c.q, c.k, c.scale)
     return res
 
 

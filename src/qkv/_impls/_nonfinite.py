@@ -32,12 +32,8 @@ def poisoned_rows(xp: Any, c: Call) -> Array | None:
     if bq is None and bk is None and bv is None and not bias_bad:
         return None
     d = c.dims
-    shape = d.score_shape
-    allowed = xp.ones(shape, dtype=xp.bool) if c.mask is None else from_numpy(c.mask.dense(d.nq, d.nk), c.q)
-    if c.bias is not None:
-        allowed = allowed & ~(c.bias == -float("inf"))
-    allowed = xp.broadcast_to(allowed, shape)
-    rows = xp.zeros(shape[:-1], dtype=xp.bool)
+    allowed = _allowed(xp, c)
+    rows = xp.zeros(d.score_shape[:-1], dtype=xp.bool)
     keys = None
     for b in (bk, bv):
         if b is not None:
@@ -61,3 +57,23 @@ def poisoned(xp: Any, res: Result, rows: Array | None) -> Result:
     out = xp.where(rows[..., None], xp.asarray(nan, dtype=res.out.dtype), res.out)
     lse = None if res.lse is None else xp.where(rows, xp.asarray(nan, dtype=res.lse.dtype), res.lse)
     return res._replace(out=out, lse=lse)
+
+
+def _allowed(xp: Any, c: Call) -> Array:
+    d = c.dims
+    shape = d.score_shape
+    allowed = xp.ones(shape, dtype=xp.bool) if c.mask is None else from_numpy(c.mask.dense(d.nq, d.nk), c.q)
+    if c.bias is not None:
+        allowed = allowed & ~(c.bias == -float("inf"))
+    return xp.broadcast_to(allowed, shape)
+
+
+def empty_rows_overflowed(xp: Any, c: Call, lse: Array) -> bool:
+    """Whether a row came out empty (``lse = -inf``) although its mask and bias admit keys: every
+    score it admits overflowed towards -inf. Looks at the mask only when some row is empty."""
+    if is_traced(lse):
+        return False
+    empty = lse == -float("inf")
+    if not bool(xp.any(empty)):
+        return False
+    return bool(xp.any(empty & xp.any(_allowed(xp, c), axis=-1)))

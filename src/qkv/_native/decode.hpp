@@ -54,9 +54,16 @@ __attribute__((noinline)) static void fwd_thin(const Params& P, FwdBufs<T>& S, c
     int64_t ldk, ldv;
     const C* kp = kv_tile<T, C>(P.k, lg.b, lg.g, j0, jn, P.Dk, S.kc, dkp, copy_k, ldk);
     const C* vp = kv_tile<T, C>(P.v, lg.b, lg.g, j0, jn, P.Dv, S.vc, dvp, copy_v, ldv);
-    clean_tile<T>(P, &lg, 1, &tm, j0, jn, S.kc, S.vc, dkp, dvp, kp, ldk, vp, ldv,
-                  reinterpret_cast<uint8_t(*)[kLanes]>(fl));
+    // Where a lane may not see every key (or a bias may hide one), non-finite rows must be zeroed
+    // before they are read (finite.hpp); where all see all (the bulk of a decode step), K is probed
+    // in the dot products below (memory-bound: the FMA is free) and V through the O rows written.
+    const bool full = tm.mode == TILE_FULL && !P.has_bias;
+    if (!full)
+      clean_tile<T>(P, &lg, 1, &tm, j0, jn, S.kc, S.vc, dkp, dvp, kp, ldk, vp, ldv,
+                    reinterpret_cast<uint8_t(*)[kLanes]>(fl));
     C* st = S.st;
+    const V zero = vzero<V>();
+    V kprobe = zero;
     for (int64_t jj = 0; jj < jn; ++jj) {
       const C* kr = kp + jj * ldk;
       alignas(64) C srow[kLanes] = {};
@@ -65,7 +72,17 @@ __attribute__((noinline)) static void fwd_thin(const Params& P, FwdBufs<T>& S, c
         for (int64_t c = 0; c < nck; ++c) acc = vfma(vload(kr + c * kLanes), vload(qr + l * dkp + c * kLanes), acc);
         srow[l] = vhsum(acc);
       }
+      if (full)
+        for (int64_t c = 0; c < nck; ++c) kprobe = vfma(vload(kr + c * kLanes), zero, kprobe);
       vstore(st + jj * kLanes, vload(srow));
+    }
+    if (full) {  // a non-finite key row in a tile every lane attends: every lane read it
+      alignas(64) C pr[kLanes];
+      vstore(pr, kprobe);
+      bool bad = false;
+      for (int l = 0; l < kLanes; ++l) bad = bad || !(pr[l] == pr[l]);
+      if (bad)
+        for (int l = 0; l < lg.n; ++l) fl[l] |= kBadInput;
     }
     const bool has_add = build_additive(P, lg, tm, j0, jn, S.addt, fl);
     const V alpha = softmax_tile<T, C>(P, lg, ml, tm, j0, jn, st, has_add ? S.addt : nullptr, m_run, l_run);

@@ -240,6 +240,29 @@ __attribute__((noinline)) static bool row_admits(const Params& P, const LaneGrou
   return false;
 }
 
+// Whether lane l of lg attends a key whose k or v row is not finite: tells a non-finite input that
+// reached a row unscanned (decode's FULL tiles read K and V without a scan) from an overflow.
+// Runs only for rows about to be reported as overflowed.
+template <class T>
+__attribute__((noinline)) static bool row_reads_nonfinite(const Params& P, const LaneGroup& lg, int l) {
+  LaneGroup one = lg;
+  one.n = l + 1;
+  TileMask tm;
+  const T* k = static_cast<const T*>(P.k.data) + lg.b * P.k.s0 + lg.g * P.k.s1;
+  const T* v = static_cast<const T*>(P.v.data) + lg.b * P.v.s0 + lg.g * P.v.s1;
+  for (int64_t kb = 0; kb * P.bk < P.Nk; ++kb) {
+    const int64_t j0 = kb * P.bk, jn = imin(P.bk, P.Nk - j0);
+    classify(P, one, kb, j0, jn, tm);
+    for (int64_t jj = 0; jj < jn; ++jj) {
+      const int64_t j = j0 + jj;
+      if (lane_allows(P, one, tm, l, j0, jj) &&
+          !(storage_finite(k + j * P.k.s2, P.Dk) && storage_finite(v + j * P.v.s2, P.Dv)))
+        return true;
+    }
+  }
+  return false;
+}
+
 // What a row's flags make of it: 0 (as computed), kBadInput (NaN: a non-finite input) or
 // kOverflow (NaN: finite inputs overflowed; the caller raises). `attended`: the row saw a key.
 static inline uint8_t row_verdict(uint8_t f, bool attended) {
