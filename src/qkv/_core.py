@@ -9,9 +9,9 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from ._backend import as_array, compute_dtype, device, is_traced, namespace, no_grad
+from ._backend import as_array, compute_dtype, device, is_torch, is_traced, namespace, no_grad
 from ._finite import check_overflow, overflow_error
-from ._impls import REGISTRY, Call, Dispatch, Plan, build_call, empty_rows_overflowed, plan
+from ._impls import REGISTRY, Call, Dispatch, Plan, build_call, empty_rows_overflowed, lean_attention, plan
 from ._impls._autograd import with_autograd
 from ._softmax import empty_result, with_sinks
 from ._typing import Array, Result
@@ -175,6 +175,20 @@ def attention(
     >>> out = attention(q, k, v, causal=True)
     >>> out, lse = attention(q, k, v, mask=masks.sliding_window(128), return_lse=True)
     """
+    if (
+        mask is None
+        and is_torch(q)
+        and impl in ("auto", "flash")
+        and score_mod is None
+        and bias is None
+        and sinks is None
+        and not return_weights
+        and type(dropout) in (int, float)
+        and dropout == 0
+    ):  # the calls most made: the lean road to the kernel (the same decision, a dozen tests)
+        res = lean_attention(q, k, v, causal, scale)
+        if res is not None:
+            return picked(res, False, return_lse)
     c = build_call(
         q,
         k,

@@ -18,6 +18,7 @@ from ._autograd import with_autograd
 from ._call import Call as Call
 from ._call import build_call as build_call
 from ._flash_native import decode as decode
+from ._lean import lean_attention as lean_attention
 from ._nonfinite import empty_rows_overflowed as empty_rows_overflowed
 from ._plan import SMALL as SMALL
 from ._plan import Dispatch as Dispatch

@@ -75,7 +75,7 @@ def check_mask_covers(mask: Mask | None, bias: Array | None, score_shape: tuple[
     """A ``Mask`` and a float bias must broadcast to the scores ``(*B, H, Nq, Nk)`` without growing them."""
     nq, nk = score_shape[-2], score_shape[-1]
     if mask is not None:
-        lead = mask.tile(0, 1, 0, 1, nq, nk).shape[:-2]  # a 1x1 tile: batch axes, cheaply
+        lead = masks.lead_shape(mask, nq, nk)  # a 1x1 tile's batch axes, once per mask and size
         check_covers("mask", (*lead, nq, nk), score_shape)
     if bias is not None:
         check_covers("mask", tuple(bias.shape), score_shape)

@@ -33,6 +33,7 @@ from ._mask import PARTIAL as PARTIAL
 from ._mask import Mask as Mask
 from ._mask import picture as picture
 from ._plan import BlockPlan as BlockPlan
+from ._plan import lead_shape as lead_shape
 from ._plan import plan as plan
 from ._plan import shared_classes as shared_classes
 from ._positions import causal as causal

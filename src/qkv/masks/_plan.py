@@ -48,6 +48,12 @@ def cache_clear() -> None:
         _cache.clear()
 
 
+def lead_shape(mask: Mask, nq: int, nk: int) -> tuple[int, ...]:
+    """The batch and head axes ``mask`` brings to a call of this size (``()`` for most masks;
+    ``(B, 1)`` for per-sequence data): one 1x1 tile evaluated once per size."""
+    return cached((mask, "lead", nq, nk), lambda: tuple(mask.tile(0, 1, 0, 1, nq, nk).shape[:-2]))
+
+
 class BlockPlan(NamedTuple):
     """Mask ``mask`` for a call with scores ``(*lead, Nq, Nk)`` and tiles ``block_q x block_k``.
 

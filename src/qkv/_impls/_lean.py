@@ -1,0 +1,65 @@
+"""The lean road to the compiled kernel, for the calls most made: plain torch tensors on the CPU.
+
+``qkv.attention(q, k, v)`` / ``causal=True`` on 4-D ``(B, H, N, D)`` float CPU tensors with no
+mask array, bias, sinks, score mod, dropout, weights or gradient is exactly what ``plan``
+decides to run on the compiled engine (rule C) with the kernel's own arguments; this module
+makes that decision in a dozen cheap tests instead of the whole front end, and returns None
+whenever anything is unusual — the full path then runs, checks and reports as always (every
+typed error comes from there). It reads no values: the kernel keeps the non-finite contract
+and reports an overflow, which the full path then raises.
+"""
+
+import math
+from typing import Any
+
+from .. import _native as native
+from .. import masks
+from .._typing import Result
+from ._plan import threads
+
+_DTYPES: dict[Any, Any] = {}  # torch dtype -> the lse dtype, once torch is loaded
+
+
+def _lse_dtypes() -> dict[Any, Any]:
+    if not _DTYPES:
+        import torch
+
+        _DTYPES.update({torch.float32: torch.float32, torch.float64: torch.float64, torch.float16: torch.float32})
+        _DTYPES[torch.bfloat16] = torch.float32
+    return _DTYPES
+
+
+def lean_attention(q: Any, k: Any, v: Any, causal: bool, scale: Any) -> Result | None:
+    """``Result(out, None, lse)`` from the kernel, or None (the full path takes the call)."""
+    if not native.available() or causal not in (True, False) or type(k) is not type(q) or type(v) is not type(q):
+        return None
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.device.type != "cpu":
+        return None
+    lse_dtype = _lse_dtypes().get(q.dtype)
+    if lse_dtype is None or k.dtype != q.dtype or v.dtype != q.dtype or k.device != q.device or v.device != q.device:
+        return None
+    if q.requires_grad or k.requires_grad or v.requires_grad:
+        return None  # autograd: the full path records the node
+    b, h, nq, dk = q.shape
+    _, hkv, nk, dv = v.shape
+    if k.shape != (b, hkv, nk, dk) or v.shape[0] != b or h % max(hkv, 1) or nq * nk == 0 or hkv == 0:
+        return None
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        return None
+    if scale is None:
+        scale = 1.0 / math.sqrt(dk)
+    elif type(scale) is not float or not math.isfinite(scale):
+        return None
+    kw: dict[str, Any] = {}
+    if causal and nq > 1:  # for one query the bottom-right causal mask hides nothing
+        mask_plan = masks.plan(masks.causal(), nq, nk, (b, h), *native.tile_shape(nq, nk, dk, dv, "float32"))
+        if not mask_plan.hides_nothing:
+            kw["rows"] = mask_plan.rows
+    import torch
+
+    out = torch.empty((b, h, nq, dv), dtype=q.dtype)
+    lse = torch.empty((b, h, nq), dtype=lse_dtype)
+    nonfinite, overflowed = native.forward(q, k, v, out, lse, scale=scale, threads=threads(), **kw)
+    if overflowed:
+        return None  # the full path runs it again and raises the contract's error
+    return Result(out, None, lse)

@@ -1,0 +1,66 @@
+"""The lean road to the compiled kernel (``_impls._lean``): the calls most made (plain CPU torch
+tensors, ``causal`` or nothing) take it, and give exactly what the full path gives; everything
+unusual falls through to the full path, which checks and reports as always."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import oracle as O  # noqa: E402
+import qkv  # noqa: E402
+from helpers import assert_close  # noqa: E402
+from qkv import _native  # noqa: E402
+from qkv._core import run  # noqa: E402
+from qkv._impls import build_call, lean_attention  # noqa: E402
+from qkv.errors import ArgumentError, ShapeError  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not _native.available(), reason="compiled engine unavailable")
+
+SHAPES = [  # q, k/v shapes: MHA, GQA, decode, Nq > Nk, Dv != Dk
+    ((2, 4, 37, 16), (2, 4, 37, 16), 16),
+    ((1, 8, 5, 32), (1, 2, 70, 32), 32),
+    ((1, 8, 1, 64), (1, 2, 300, 64), 64),
+    ((1, 2, 9, 8), (1, 2, 4, 8), 8),
+    ((1, 2, 20, 8), (1, 2, 20, 8), 12),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("qs,ks,dv", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_lean_road_is_taken_and_equals_the_oracle_and_the_full_path(qs, ks, dv, causal, dtype, rng):
+    q = torch.from_numpy(rng.standard_normal(qs)).to(dtype)
+    k = torch.from_numpy(rng.standard_normal(ks)).to(dtype)
+    v = torch.from_numpy(rng.standard_normal((*ks[:-1], dv))).to(dtype)
+    lean = lean_attention(q, k, v, causal, None)
+    assert lean is not None
+    full = run(build_call(q, k, v, causal=causal, want_lse=True), "flash")
+    assert torch.equal(lean.out, full.out) and torch.equal(lean.lse, full.lse)
+    nq, nk = qs[-2], ks[-2]
+    allowed = O.causal_allowed(nq, nk) if causal else None
+    golden = O.attention_oracle(q.double().numpy(), k.double().numpy(), v.double().numpy(), allowed=allowed)
+    tol = 1e-11 if dtype == torch.float64 else 2e-5
+    out, lse = qkv.attention(q, k, v, causal=causal, return_lse=True)
+    assert_close(out.double().numpy(), golden[0], tol=tol)
+    assert_close(lse.double().numpy(), golden[2], tol=tol)
+
+
+def test_unusual_calls_take_the_full_path_with_its_errors(rng):
+    q = torch.randn(1, 2, 8, 4)
+    assert lean_attention(q, q.numpy(), q, False, None) is None  # mixed kinds
+    assert lean_attention(q.requires_grad_(), q.detach(), q.detach(), False, None) is None  # autograd
+    q = q.detach()
+    assert lean_attention(q, q, q, False, 2) is None  # an int scale: the full path checks it
+    assert lean_attention(q[..., ::2], q[..., ::2], q[..., ::2], False, None) is None  # strided last axis
+    with pytest.raises(ShapeError, match="d_k"):
+        qkv.attention(q, torch.randn(1, 2, 8, 3), q)
+    with pytest.raises(ArgumentError, match="overflow"):  # the kernel reports it, the full path raises
+        qkv.attention(q * 1e20, q * 1e20, q)
+    k = q.clone()
+    k[..., 3, 0] = float("nan")
+    out = qkv.attention(q, k, q, causal=True)  # rows 3.. attend key 3: NaN; rows 0..2 do not
+    assert torch.isnan(out[..., 3:, :]).all() and torch.isfinite(out[..., :3, :]).all()
+    np.testing.assert_array_equal(
+        out[..., :3, :].numpy(), qkv.attention(q[..., :3, :], q[..., :3, :], q[..., :3, :], causal=True).numpy()
+    )
