@@ -9,9 +9,20 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
+from . import masks
 from ._backend import as_array, compute_dtype, device, is_torch, is_traced, namespace, no_grad
 from ._finite import check_overflow, overflow_error
-from ._impls import REGISTRY, Call, Dispatch, Plan, build_call, empty_rows_overflowed, lean_attention, plan
+from ._impls import (
+    REGISTRY,
+    Call,
+    Dispatch,
+    Plan,
+    build_call,
+    compiled_attention,
+    empty_rows_overflowed,
+    lean_attention,
+    plan,
+)
 from ._impls._autograd import with_autograd
 from ._softmax import empty_result, with_sinks
 from ._typing import Array, Result
@@ -175,6 +186,12 @@ def attention(
     >>> out = attention(q, k, v, causal=True)
     >>> out, lse = attention(q, k, v, mask=masks.sliding_window(128), return_lse=True)
     """
+    if is_torch(q) and masks.compiling():  # torch.compile / torch.export: one operator node
+        kw = dict(mask=mask, causal=causal, scale=scale, score_mod=score_mod, dropout=dropout, rng=rng, bias=bias)
+        res = compiled_attention(q, k, v, want_weights=return_weights, sinks=sinks, **kw)
+        if res is not None:
+            return picked(res, False, return_lse)
+        return _eager(q, k, v, impl=impl, return_weights=return_weights, return_lse=return_lse, sinks=sinks, **kw)
     if (
         mask is None
         and is_torch(q)
@@ -204,6 +221,19 @@ def attention(
         bias=bias,
         sinks=sinks,
     )
+    return picked(run(c, impl), return_weights, return_lse)
+
+
+def _eager(q: Any, k: Any, v: Any, **kw: Any) -> Any:
+    """``attention`` outside the traced graph: what the operator cannot express (an opaque Python
+    mask or score mod, weights, a learned bias) runs eagerly, the graph broken around it."""
+    import torch
+
+    return torch.compiler.disable(_attention_body)(q, k, v, **kw)
+
+
+def _attention_body(q: Any, k: Any, v: Any, *, impl: str, return_weights: bool, return_lse: bool, **kw: Any) -> Any:
+    c = build_call(q, k, v, want_weights=return_weights, want_lse=return_lse, **kw)
     return picked(run(c, impl), return_weights, return_lse)
 
 

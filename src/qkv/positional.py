@@ -107,6 +107,28 @@ def _positions(positions: Any, lead: tuple[int, ...], x_shape: tuple[int, ...]) 
     return p
 
 
+def _compiling() -> bool:
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch.compiler.is_compiling())
+
+
+def _traced_angles(x: Any, positions: Any, base: float, r: int, interleaved: bool, ct: Any) -> tuple[Any, Any]:
+    """``(cos, sin)`` of ``rope``'s angles in torch ops (float64), for a program torch traces:
+    NumPy there would break the graph. The positions are a tensor or None (``arange(N)``)."""
+    import torch
+
+    if positions is None:
+        p = torch.arange(x.shape[-2], dtype=torch.float64, device=x.device)
+    else:
+        p = torch.as_tensor(positions, device=x.device).to(torch.float64)
+    inv_freq = base ** (-torch.arange(0, r, 2, dtype=torch.float64, device=x.device) / r)
+    angle = p[..., None] * inv_freq
+    angle = torch.repeat_interleave(angle, 2, dim=-1) if interleaved else torch.cat([angle, angle], dim=-1)
+    return torch.cos(angle).to(ct), torch.sin(angle).to(ct)
+
+
 def rope(
     x: Array,
     positions: Any = None,
@@ -144,13 +166,16 @@ def rope(
         what = f"rotary_dim={r}" if rotary_dim is not None else f"an even D on its last axis, got D={d}"
         raise ShapeError(f"rope rotates features in pairs, so it needs {what} to be even (x: {tuple(x.shape)})")
     base = _positive(base, "base")
-    p = _positions(positions, tuple(x.shape[:-1]), tuple(x.shape))
-    inv_freq = base ** (-np.arange(0, r, 2, dtype=np.float64) / r)  # (R/2,)
-    angle = p[..., None] * inv_freq  # (..., N, R/2)
-    angle = np.repeat(angle, 2, axis=-1) if interleaved else np.concatenate([angle, angle], axis=-1)
     xp = namespace(x=x)
     ct = compute_dtype(xp, x)
-    cos, sin = from_numpy(np.cos(angle), x, ct), from_numpy(np.sin(angle), x, ct)
+    if is_torch(x) and _compiling():
+        cos, sin = _traced_angles(x, positions, base, r, interleaved, ct)
+    else:
+        p = _positions(positions, tuple(x.shape[:-1]), tuple(x.shape))
+        inv_freq = base ** (-np.arange(0, r, 2, dtype=np.float64) / r)  # (R/2,)
+        angle = p[..., None] * inv_freq  # (..., N, R/2)
+        angle = np.repeat(angle, 2, axis=-1) if interleaved else np.concatenate([angle, angle], axis=-1)
+        cos, sin = from_numpy(np.cos(angle), x, ct), from_numpy(np.sin(angle), x, ct)
     xc = x if x.dtype == ct else xp.astype(x, ct)
     xr = xc[..., :r]
     if interleaved:  # (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)

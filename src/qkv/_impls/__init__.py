@@ -17,6 +17,7 @@ from . import flash, reference, torch_sdpa
 from ._autograd import with_autograd
 from ._call import Call as Call
 from ._call import build_call as build_call
+from ._compiled import compiled_attention as compiled_attention
 from ._flash_native import decode as decode
 from ._lean import lean_attention as lean_attention
 from ._nonfinite import empty_rows_overflowed as empty_rows_overflowed

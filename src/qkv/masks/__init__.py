@@ -40,6 +40,10 @@ from ._positions import causal as causal
 from ._positions import dilated as dilated
 from ._positions import prefix_lm as prefix_lm
 from ._positions import sliding_window as sliding_window
+from ._recipe import compiling as compiling
+from ._recipe import decode as decode
+from ._recipe import decode_tree as decode_tree
+from ._recipe import encode as encode
 from ._rows import RowTiles as RowTiles
 from ._rows import full_pairs as full_pairs
 from ._rows import kept_pairs as kept_pairs

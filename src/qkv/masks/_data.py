@@ -17,8 +17,10 @@ from .._checks import check_int
 from ..errors import MaskError
 from ._mask import EMPTY, FULL, PARTIAL, Mask, from_counts, unbound
 from ._positions import aligned, check_offset, length, shift
+from ._recipe import recorded
 
 
+@recorded
 def document(doc_ids: Any, *, offset: int | None = None) -> Mask:
     """Tokens attend only within their own document (packed sequences); combine with ``causal()``.
 
@@ -73,6 +75,7 @@ def document(doc_ids: Any, *, offset: int | None = None) -> Mask:
     return Mask(allowed, name, tiles, (ids.shape[-1], ids.shape[-1]), rows if packed else None)
 
 
+@recorded
 def global_tokens(indices: Sequence[int] | np.ndarray) -> Mask:
     """Global positions attend every key and are attended by every query (Longformer).
 
@@ -106,6 +109,7 @@ def global_tokens(indices: Sequence[int] | np.ndarray) -> Mask:
     return Mask(allowed, f"global_tokens({idx.tolist()})", tiles)
 
 
+@recorded
 def random_blocks(block: int, per_row: int, seed: int) -> Mask:
     """BigBird's random attention (arXiv:2007.14062): each query block attends ``per_row``
     key blocks of ``block`` positions, drawn without replacement from ``seed``.
@@ -143,6 +147,7 @@ def random_blocks(block: int, per_row: int, seed: int) -> Mask:
     return Mask(allowed, f"random_blocks({block}, per_row={per_row}, seed={seed})", tiles)
 
 
+@recorded
 def from_dense(bool_array: Any) -> Mask:
     """Wrap a boolean array ``(..., Nq, Nk)`` (True = may attend); size-1 axes broadcast."""
     if hasattr(bool_array, "dtype") and not is_bool(bool_array):

@@ -7,7 +7,7 @@ and the text picture.
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -52,6 +52,7 @@ class Mask:
     size: tuple[int, int] | None = None  # (Nq, Nk) for masks built for one size (from_dense, document)
     rows: Rows | None = None
     bind: Callable[[tuple[int, ...]], "Mask"] | None = None
+    recipe: Any = field(default=None, repr=False)  # how it was made (_recipe): None for from_fn masks
 
     def bound(self, lead: tuple[int, ...]) -> "Mask":
         """This mask for a call whose scores are ``(*lead, Nq, Nk)`` (itself unless it depends on batch and head)."""
@@ -124,6 +125,7 @@ class Mask:
             lambda *t: _and_classes(a._classify(*t), b._classify(*t)),
             a.size or b.size,
             _and_rows(a.rows, b.rows),
+            recipe=_combined("&", a, b),
         )
 
     def __or__(self, other: "Mask") -> "Mask":
@@ -135,6 +137,7 @@ class Mask:
             f"({a.name} | {b.name})",
             lambda *t: _or_classes(a._classify(*t), b._classify(*t)),
             a.size or b.size,
+            recipe=_combined("|", a, b),
         )
 
     def __invert__(self) -> "Mask":
@@ -146,6 +149,7 @@ class Mask:
             f"~{a.name}",
             lambda *t: FULL - a._classify(*t),  # FULL <-> EMPTY, PARTIAL stays
             a.size,
+            recipe=_combined("~", a),
         )
 
     def __repr__(self) -> str:
@@ -177,6 +181,13 @@ def unbound(name: str, bind: Callable[[tuple[int, ...]], Mask]) -> Mask:
         )
 
     return Mask(allowed, name, bind=bind)
+
+
+def _combined(op: str, *parts: Mask) -> Any:
+    """The recipe of a combination (``_recipe``): None when a part has none."""
+    if any(p.recipe is None for p in parts):
+        return None
+    return (op, *(p.recipe for p in parts))
 
 
 def _as_mask(m: Any, op: str) -> Mask:

@@ -6,11 +6,14 @@ every cached key) and the key ``j``; tiles are classified analytically from the 
 largest ``d`` a tile holds, without evaluating a single cell.
 """
 
+from dataclasses import replace
+
 import numpy as np
 
 from .._checks import check_flag, check_int
 from ..errors import MaskError
 from ._mask import EMPTY, FULL, PARTIAL, Mask
+from ._recipe import compiling, lazy, recorded
 
 MAX_LENGTH = 2**31 - 1
 """Largest size a mask parameter may take: far beyond any sequence, and int64 index arithmetic
@@ -79,12 +82,19 @@ def causal(offset: int | None = None) -> Mask:
     offset = check_offset(offset, "causal")
     if offset is None:
         return _CAUSAL
-    return _band(0, np.iinfo(np.int64).max, int(offset), f"causal(offset={offset})")
+    if compiling():
+        return lazy("causal", ("causal", (int(offset),), {}))
+    return replace(
+        _band(0, np.iinfo(np.int64).max, int(offset), f"causal(offset={offset})"),
+        recipe=("causal", (int(offset),), {}),
+    )
 
 
-_CAUSAL = _band(0, np.iinfo(np.int64).max, None, "causal")  # one object: impls recognise it by identity
+# one object: impls recognise it by identity, and its plans are cached once
+_CAUSAL = replace(_band(0, np.iinfo(np.int64).max, None, "causal"), recipe=("causal", (), {}))
 
 
+@recorded
 def sliding_window(size: int, causal: bool = True, *, offset: int | None = None) -> Mask:
     """Keys within ``size`` positions of the query's aligned position ``p``; ``d = p - j``.
 
@@ -106,6 +116,7 @@ def sliding_window(size: int, causal: bool = True, *, offset: int | None = None)
     return _band(-(size - 1), size - 1, offset, f"sliding_window({size}, causal=False{suffix(offset)})")
 
 
+@recorded
 def prefix_lm(prefix_len: int, *, offset: int | None = None) -> Mask:
     """Every query sees the first ``prefix_len`` keys (bidirectional prefix), the rest causally.
 
@@ -131,6 +142,7 @@ def prefix_lm(prefix_len: int, *, offset: int | None = None) -> Mask:
     return Mask(allowed, f"prefix_lm({n}{suffix(offset)})", tiles, rows=rows)
 
 
+@recorded
 def dilated(window: int, dilation: int, *, offset: int | None = None) -> Mask:
     """Every ``dilation``-th key within ``window · dilation`` positions on either side:
     ``|d| < window · dilation`` and ``d % dilation == 0`` (Longformer's dilated window), with

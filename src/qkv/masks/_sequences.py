@@ -17,6 +17,7 @@ from .._backend import to_numpy
 from .._checks import check_flag, check_int
 from ..errors import MaskError
 from ._mask import EMPTY, FULL, PARTIAL, Mask, Rows
+from ._recipe import recorded
 
 UNBOUNDED = 2**62
 """A window side without a bound: beyond any sequence, and ``p ± UNBOUNDED`` stays inside int64."""
@@ -82,6 +83,7 @@ def _lengths(x: Any, name: str) -> np.ndarray:
     return a.astype(np.int64).reshape(-1, 1, 1) if a.ndim == 1 else a.astype(np.int64)
 
 
+@recorded
 def padding(
     kv_lengths: Any,
     q_lengths: Any = None,
@@ -140,6 +142,7 @@ def _cumulative(x: Any, name: str) -> np.ndarray:
     return c.astype(np.int64)
 
 
+@recorded
 def packed(cu_seqlens_q: Any, cu_seqlens_k: Any = None, *, causal: bool = False, window: Any = None) -> Mask:
     """Sequences packed along the token axis: sequence ``s`` owns queries ``[cu_q[s], cu_q[s+1])``
     and keys ``[cu_k[s], cu_k[s+1])`` (flash-attn's varlen ``cu_seqlens``; ``cu_seqlens_k``

@@ -1,0 +1,143 @@
+"""``qkv.attention`` while torch traces (``torch.compile``, ``torch.export``): one operator node.
+
+Inside a traced program the front end must not look at values or run NumPy, so this path
+normalises the call from shapes and structure alone — the mask as its recipe, a boolean array
+as ``from_dense`` data, a float array as the bias, the score mod as the kernel's ops — and
+hands everything to ``torch.ops.qkv.attention`` (``_torch_op``), which checks, plans and runs
+the compiled kernel when the graph runs. What this path cannot express (a mask or score mod that
+is a plain Python function, a bias or mod table that needs its gradient, weights, an rng that is
+not an int seed, a device other than the CPU) returns None: ``qkv.attention`` then runs its
+usual path with the graph broken around it (``torch.compiler.disable``), never wrongly.
+"""
+
+import math
+from typing import Any
+
+from .. import _native as native
+from .. import masks
+from .._backend import is_floating, namespace
+from .._checks import check_dropout, check_flag, check_qkv, check_scale
+from .._softmax import with_sinks
+from .._typing import Result
+from ..masks import Mask
+from ..scores import ScoreMod
+from ._call import check_bias, check_sinks
+
+
+def _mask_recipe(mask: Any, causal: bool, torch: Any) -> tuple[Any, Any] | None:
+    """``(recipe or None, float bias or None)``; None when the mask has no recipe."""
+    bias = None
+    if mask is None:
+        recipe = None
+    elif isinstance(mask, Mask):
+        if mask.recipe is None:
+            return None
+        recipe = mask.recipe
+    elif isinstance(mask, torch.Tensor):
+        if mask.dim() == 1:
+            mask = mask[None, :]  # a key-only mask (Nk,) is (1, Nk)
+        if mask.dtype == torch.bool:
+            recipe = ("from_dense", (mask,), {})
+        elif is_floating(mask):
+            recipe, bias = None, mask
+        else:
+            return None
+    else:
+        return None
+    if check_flag(causal, "causal"):
+        recipe = ("causal", (), {}) if recipe is None else ("&", recipe, ("causal", (), {}))
+    return recipe, bias
+
+
+def _flat4(x: Any, batch: tuple[int, ...], heads: int, has_heads: bool) -> Any:
+    """``x (*b, h, N, D)`` as ``(B, heads, N, D)`` (views where the batch axes allow)."""
+    if not has_heads:
+        return x[None, None]
+    x = x.reshape((1,) * (len(batch) + 3 - x.dim()) + tuple(x.shape))
+    x = x.expand(*batch, heads, *x.shape[-2:])
+    return x.reshape(math.prod(batch), heads, *x.shape[-2:])
+
+
+def _bias4(bias: Any, dims: Any) -> Any:
+    shape = dims.score_shape if dims.has_heads else (1, 1, dims.nq, dims.nk)
+    b = bias.reshape((1,) * (len(shape) - bias.dim()) + tuple(bias.shape))
+    b = b.expand(*shape)
+    lead = shape[:-3]
+    b = b.reshape(math.prod(lead) if lead else 1, *shape[-3:])
+    return b if b.stride(-1) == 1 else b.contiguous()
+
+
+def compiled_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: Any,
+    causal: Any,
+    scale: Any,
+    score_mod: Any,
+    dropout: Any,
+    rng: Any,
+    want_weights: bool,
+    bias: Any,
+    sinks: Any,
+) -> Result | None:
+    """``Result(out, None, lse)`` through ``torch.ops.qkv.attention``, or None (see the module)."""
+    import torch
+
+    from . import _torch_op
+
+    if not native.available() or want_weights or not all(isinstance(x, torch.Tensor) for x in (q, k, v)):
+        return None
+    if q.device.type != "cpu" or q.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        return None
+    normalised = _mask_recipe(mask, causal, torch)
+    if normalised is None:
+        return None
+    recipe, mask_bias = normalised
+    dims = check_qkv(q, k, v)
+    bias = check_bias(bias, mask_bias)
+    if bias is not None and bias.requires_grad:
+        return None  # its gradient comes from the array engine
+    if score_mod is not None:
+        if not isinstance(score_mod, ScoreMod) or score_mod.native is None:
+            return None
+        if any(getattr(t, "requires_grad", False) for t in score_mod.tensors):
+            return None
+    p = check_dropout(dropout)
+    if p > 0 and rng is None:
+        seed = torch.randint(0, 2**62, (), dtype=torch.int64)  # a new draw per call, in the graph
+    elif p > 0 and isinstance(rng, int) and not isinstance(rng, bool):
+        seed = torch.tensor(rng - 2**64 if rng >= 2**63 else rng, dtype=torch.int64)
+    elif p > 0:
+        return None
+    else:
+        seed = torch.zeros((), dtype=torch.int64)
+    sc = check_scale(scale, dims.dk)
+    lead = dims.score_shape[:-2] if dims.has_heads else ()
+    mask_code, mask_data = ("", []) if recipe is None else masks.encode(recipe)
+    mods_code, mod_tables = _torch_op.encode_mods(score_mod.native if score_mod is not None else ())
+    q4 = _flat4(q, dims.batch, dims.h, dims.has_heads)
+    k4 = _flat4(k, dims.batch, dims.hkv, dims.has_heads)
+    v4 = _flat4(v, dims.batch, dims.hkv, dims.has_heads)
+    q4, k4, v4 = (x if x.stride(-1) == 1 else x.contiguous() for x in (q4, k4, v4))
+    data = [d if isinstance(d, torch.Tensor) else torch.as_tensor(d) for d in mask_data]
+    out, lse = torch.ops.qkv.attention(
+        q4,
+        k4,
+        v4,
+        None if bias is None else _bias4(bias, dims),
+        mask_code,
+        data,
+        list(lead),
+        mods_code,
+        mod_tables,
+        float(sc),
+        float(p),
+        seed,
+    )
+    out = out.reshape(*dims.score_shape[:-1], dims.dv)
+    lse = lse.reshape(dims.score_shape[:-1])
+    res = Result(out, None, lse)
+    sinks = check_sinks(sinks, dims.score_shape[:-2] if dims.has_heads else (), q)
+    return res if sinks is None else with_sinks(namespace(q=q), res, sinks)

@@ -1,0 +1,197 @@
+"""qkv's compiled kernel as torch custom operators: ``torch.ops.qkv.attention`` and its backward.
+
+Registered with ``torch.library.custom_op`` (a fake implementation for shapes, a registered
+autograd formula), so ``torch.compile`` and ``torch.export`` trace a qkv call as one node and
+``torch.library.opcheck`` can check it. Everything crosses as tensors, numbers and strings: the
+mask as its recipe (``masks._recipe``: a code string and its data tensors), the score mods as
+the kernel's ops (a code string and their tables), the dropout seed as an int64 tensor (so a
+compiled graph draws a new one per call). The operator plans the mask itself (``masks.plan``,
+cached by the recipe), so a traced program never runs NumPy.
+
+    q (B, H, Nq, Dk), k (B, Hkv, Nk, Dk), v (B, Hkv, Nk, Dv), bias (B|1, H|1, Nq|1, Nk) or None
+    -> out (B, H, Nq, Dv), lse (B, H, Nq) (float32; float64 for float64)
+
+The operators exist once this module is imported (by the first torch call that needs them).
+"""
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .. import _native as native
+from .. import masks
+from .._finite import overflow_error
+from ..errors import MaskError
+from ..positional import alibi_slopes
+from ._plan import threads
+
+
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def encode_mods(native_ops: Any) -> tuple[str, list[Tensor]]:
+    """A score mod's kernel ops (``ScoreMod.native``) as ``(code, tables)`` (``masks.encode``)."""
+    code, tables = masks.encode(tuple(tuple(op) for op in native_ops or ()))
+    return code, [t if isinstance(t, Tensor) else torch.as_tensor(t) for t in tables]
+
+
+def _mods(code: str, tables: list[Tensor], h: int) -> tuple[tuple[Any, ...], ...]:
+    out = []
+    for op in masks.decode_tree(code, [t.detach().contiguous() for t in tables]):
+        if op[0] == "alibi" and op[1] is None:
+            op = ("alibi", np.ascontiguousarray(alibi_slopes(h)))
+        out.append(tuple(op))
+    return tuple(out)
+
+
+def _mask_args(code: str, data: list[Tensor], lead: list[int], q: Tensor, k: Tensor, v: Tensor) -> dict[str, Any]:
+    if not code:
+        return {}
+    mask = masks.decode(code, [d.detach().cpu().numpy() for d in data])
+    nq, nk = q.shape[-2], k.shape[-2]
+    lead_t = tuple(int(x) for x in lead)
+    mask = mask.bound(lead_t)
+    mlead = masks.lead_shape(mask, nq, nk)
+    score = (*lead_t, nq, nk)
+    if len(mlead) + 2 > len(score) or any(m not in (1, s) for m, s in zip(mlead[::-1], lead_t[::-1], strict=False)):
+        raise MaskError(f"mask {mask.name} has leading axes {mlead}, which do not broadcast to the scores {score}")
+    tiles = native.tile_shape(nq, nk, q.shape[-1], v.shape[-1], "float32")
+    p = masks.plan(mask, nq, nk, lead_t, *tiles)
+    if p.hides_nothing:
+        return {}
+    if p.rows is not None:
+        return {"rows": p.rows}
+    return {"tile_class": p.classes, "bitmap_index": p.bitmap_index, "bitmaps": p.bitmaps}
+
+
+def _kernel_kwargs(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    mask_code: str,
+    mask_data: list[Tensor],
+    lead: list[int],
+    mods_code: str,
+    mod_tables: list[Tensor],
+    scale: float,
+    dropout: float,
+    seed: Tensor,
+) -> dict[str, Any]:
+    kw = dict(
+        scale=scale,
+        mods=_mods(mods_code, mod_tables, q.shape[1]),
+        bias=None if bias is None else bias.detach(),
+        dropout_p=dropout,
+        seed=int(seed.item()) & 0xFFFFFFFFFFFFFFFF if dropout > 0 else 0,
+        threads=threads(),
+    )
+    kw.update(_mask_args(mask_code, mask_data, lead, q, k, v))
+    return kw
+
+
+@torch.library.custom_op("qkv::attention", mutates_args=(), device_types="cpu")
+def attention_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    mask_code: str,
+    mask_data: list[Tensor],
+    lead: list[int],
+    mods_code: str,
+    mod_tables: list[Tensor],
+    scale: float,
+    dropout: float,
+    seed: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """The forward pass: ``(out, lse)`` (see the module docstring)."""
+    b, h, nq, _ = q.shape
+    out = torch.empty((b, h, nq, v.shape[-1]), dtype=q.dtype)
+    lse = torch.empty((b, h, nq), dtype=_lse_dtype(q.dtype))
+    kw = _kernel_kwargs(q, k, v, bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, dropout, seed)
+    _, overflowed = native.forward(q.detach(), k.detach(), v.detach(), out, lse, **kw)
+    if overflowed:
+        raise overflow_error(q, k, scale, rows=overflowed)
+    return out, lse
+
+
+@attention_op.register_fake
+def _attention_fake(q, k, v, bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, dropout, seed):
+    b, h, nq, _ = q.shape
+    return q.new_empty((b, h, nq, v.shape[-1])), q.new_empty((b, h, nq), dtype=_lse_dtype(q.dtype))
+
+
+@torch.library.custom_op("qkv::attention_backward", mutates_args=(), device_types="cpu")
+def attention_backward_op(
+    dout: Tensor,
+    dlse: Tensor | None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    bias: Tensor | None,
+    mask_code: str,
+    mask_data: list[Tensor],
+    lead: list[int],
+    mods_code: str,
+    mod_tables: list[Tensor],
+    scale: float,
+    dropout: float,
+    seed: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` in the compute dtype (FlashAttention-2, Algorithm 2, recomputed)."""
+    acc = _lse_dtype(q.dtype)
+    dq = torch.empty(q.shape, dtype=acc)
+    dk = torch.empty(k.shape, dtype=acc)
+    dv = torch.empty(v.shape, dtype=acc)
+    kw = _kernel_kwargs(q, k, v, bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, dropout, seed)
+    _, overflowed = native.backward(
+        q.detach(),
+        k.detach(),
+        v.detach(),
+        out.detach(),
+        lse.detach().contiguous(),
+        dout.detach().contiguous(),
+        dq,
+        dk,
+        dv,
+        dlse=None if dlse is None else dlse.detach().contiguous(),
+        **kw,
+    )
+    if overflowed:
+        raise overflow_error(q, k, scale, rows=overflowed)
+    return dq, dk, dv
+
+
+@attention_backward_op.register_fake
+def _attention_backward_fake(dout, dlse, q, k, v, out, lse, bias, *rest):
+    acc = _lse_dtype(q.dtype)
+    return q.new_empty(q.shape, dtype=acc), k.new_empty(k.shape, dtype=acc), v.new_empty(v.shape, dtype=acc)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    q, k, v, bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, dropout, seed = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, seed, *([] if bias is None else [bias]), *mask_data, *mod_tables)
+    ctx.statics = (bias is not None, len(mask_data), mask_code, lead, mods_code, scale, dropout)
+
+
+def _backward(ctx: Any, dout: Tensor, dlse: Tensor | None) -> tuple[Any, ...]:
+    has_bias, n_mask, mask_code, lead, mods_code, scale, dropout = ctx.statics
+    q, k, v, out, lse, seed, *rest = ctx.saved_tensors
+    bias = rest.pop(0) if has_bias else None
+    mask_data, mod_tables = rest[:n_mask], rest[n_mask:]
+    dq, dk, dv = torch.ops.qkv.attention_backward(
+        dout, dlse, q, k, v, out, lse, bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, dropout, seed
+    )
+    grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype))
+    # one entry per input, a list for each list input (bias, masks and tables get no gradient here)
+    return (*grads, None, None, [None] * n_mask, None, None, [None] * len(mod_tables), None, None, None)
+
+
+attention_op.register_autograd(_backward, setup_context=_setup_context)

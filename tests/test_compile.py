@@ -1,0 +1,182 @@
+"""``torch.compile`` and ``torch.export`` of code that calls qkv: one operator node, no graph break.
+
+For torch tensors ``qkv.attention`` runs through ``torch.ops.qkv.attention`` (and its backward)
+while torch traces, so a compiled function, a qkv.nn model and its training step trace as one
+graph (``torch._dynamo.explain`` counts 0 breaks) and give the uncompiled results and gradients.
+Opaque Python callables (``masks.from_fn``, ``scores.from_fn``) run eagerly, the graph broken
+around them, never wrongly. ``torch.library.opcheck`` checks the operator's registrations.
+"""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import qkv  # noqa: E402
+import qkv.nn  # noqa: E402
+from qkv import _native, masks, scores  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not _native.available(), reason="compiled engine unavailable")
+
+N, D = 24, 8
+
+
+def _inputs(h=4, hkv=2, b=2, n=N, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, n, D, generator=g, requires_grad=True)
+    k = torch.randn(b, hkv, n, D, generator=g, requires_grad=True)
+    v = torch.randn(b, hkv, n, D, generator=g, requires_grad=True)
+    return q, k, v
+
+
+_G = torch.Generator().manual_seed(1)
+ALLOWED = torch.rand(N, N, generator=_G) < 0.7
+BIAS = torch.randn(1, 4, N, N, generator=_G)
+TABLE = torch.randn(4, 7, generator=_G)
+CASES = {  # name -> attention keywords (built per call: the masks made inside the traced function too)
+    "dense": lambda: {},
+    "causal": lambda: {"causal": True},
+    "window": lambda: {"mask": masks.sliding_window(5)},
+    "window-two-sided": lambda: {"mask": masks.sliding_window(5, causal=False)},
+    "padding-tensor": lambda: {"mask": masks.padding(torch.tensor([20, 13]), causal=True)},
+    "padding-left": lambda: {"mask": masks.padding(torch.tensor([24, 17]), left=True)},
+    "packed": lambda: {"mask": masks.packed(torch.tensor([0, 10, 24]), causal=True)},
+    "document": lambda: {"mask": masks.document(torch.tensor([0] * 9 + [1] * 15)) & masks.causal()},
+    "prefix-lm": lambda: {"mask": masks.prefix_lm(6)},
+    "longformer": lambda: {"mask": masks.sliding_window(4, causal=False) | masks.global_tokens([0, 3])},
+    "dilated": lambda: {"mask": masks.dilated(3, 2)},
+    "bool-array": lambda: {"mask": ALLOWED},
+    "float-bias": lambda: {"mask": masks.causal(), "bias": BIAS},
+    "softcap": lambda: {"causal": True, "score_mod": scores.softcap(2.0)},
+    "alibi": lambda: {"causal": True, "score_mod": scores.alibi()},
+    "relative-temperature": lambda: {"score_mod": scores.relative_bias(TABLE, 3) + scores.temperature(0.5)},
+    "sinks": lambda: {"causal": True, "sinks": torch.tensor([0.5, -1.0, 0.0, 2.0])},
+    "dropout-seed": lambda: {"causal": True, "dropout": 0.3, "rng": 1234},
+}
+QUICK = ["causal", "padding-tensor", "longformer", "alibi", "sinks"]
+
+
+def _params(names):
+    return [pytest.param(n, marks=[] if n in QUICK else pytest.mark.slow) for n in names]
+
+
+def _run(fn, q, k, v):
+    out = fn(q, k, v)
+    (out * torch.linspace(-1, 1, out.shape[-1])).sum().backward()
+    grads = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    return out.detach(), grads
+
+
+@pytest.mark.parametrize("name", _params(CASES))
+def test_a_compiled_call_is_one_graph_and_equals_eager(name):
+    def fn(q, k, v):
+        return qkv.attention(q, k, v, **CASES[name]())
+
+    q, k, v = _inputs()
+    explained = torch._dynamo.explain(fn)(q, k, v)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1
+    torch._dynamo.reset()
+    want = _run(fn, q, k, v)
+    got = _run(torch.compile(fn, fullgraph=True, backend="aot_eager"), q, k, v)
+    torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+    for g, w in zip(got[1], want[1], strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # inside torch's inductor (torch.jit.script_method)
+def test_inductor_compiles_it_too():
+    def fn(q, k, v):
+        return qkv.attention(q, k, v, mask=masks.sliding_window(5), score_mod=scores.softcap(3.0))
+
+    q, k, v = _inputs()
+    want = _run(fn, q, k, v)
+    got = _run(torch.compile(fn, fullgraph=True), q, k, v)
+    torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+    for g, w in zip(got[1], want[1], strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_opaque_callables_break_the_graph_and_still_give_the_eager_result():
+    mask = masks.from_fn(lambda i, j: (i - j) % 3 == 0)
+    mod = scores.from_fn(lambda s, b, h, i, j: s * 0.5)
+
+    def fn(q, k, v):
+        return qkv.attention(q, k, v, mask=mask, score_mod=mod)
+
+    q, k, v = _inputs()
+    want = _run(fn, q, k, v)
+    got = _run(torch.compile(fn, backend="aot_eager"), q, k, v)
+    torch.testing.assert_close(got[0], want[0])
+    for g, w in zip(got[1], want[1], strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def test_opcheck_passes_on_the_operators():
+    from qkv._impls import _torch_op  # noqa: F401  (registers the operators)
+
+    q, k, v = _inputs(b=1)
+    code, data = masks.encode(masks.sliding_window(5).recipe)
+    seed = torch.zeros((), dtype=torch.int64)
+    cases = [
+        (q, k, v, None, "", [], [1, 4], "()", [], 0.3, 0.0, seed),
+        (q, k, v, torch.randn(1, 4, N, N), code, data, [1, 4], "()", [], 0.3, 0.0, seed),
+    ]
+    mods_code, tables = _torch_op.encode_mods((("softcap", 2.0), ("alibi", None)))
+    cases.append((q, k, v, None, code, data, [1, 4], mods_code, tables, 0.3, 0.0, seed))
+    for args in cases:
+        torch.library.opcheck(torch.ops.qkv.attention.default, args)
+
+
+def _gpt():
+    torch.manual_seed(0)
+    return qkv.nn.TinyGPT(50, d_model=32, n_heads=4, n_layers=2, max_len=32, n_kv_heads=2)
+
+
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")  # dynamo's own
+def test_tinygpt_forward_and_a_training_step_compile_without_graph_breaks():
+    """A compiled training step as PyTorch users write it: the model and the loss compiled, the
+    backward pass the compiled graph's own (AOT autograd through qkv's registered backward)."""
+    model = _gpt()
+    idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
+
+    def loss_of(model, idx):
+        logits = model(idx)
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 50), idx[:, 1:].reshape(-1))
+
+    for fn, args in ((model, (idx,)), (loss_of, (model, idx))):
+        explained = torch._dynamo.explain(fn)(*args)
+        assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+    torch._dynamo.reset()
+    model.zero_grad()
+    want = loss_of(model, idx)
+    want.backward()
+    want_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    got = torch.compile(loss_of, fullgraph=True, backend="aot_eager")(model, idx)
+    got.backward()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, want_grads[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_torch_export_of_an_inference_module():
+    model = _gpt().eval()
+    idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
+    exported = torch.export.export(model, (idx,))
+    assert any("qkv.attention" in str(n.target) for n in exported.graph.nodes)
+    with torch.no_grad():
+        torch.testing.assert_close(exported.module()(idx), model(idx), atol=1e-5, rtol=1e-5)
+
+
+def test_compiled_errors_are_the_contract_errors():
+    def fn(q, k, v):
+        return qkv.attention(q, k, v, causal=True)
+
+    q = torch.ones(1, 2, 8, 4) * 1e20
+    with pytest.raises(qkv.errors.ArgumentError, match="overflow"):
+        torch.compile(fn, backend="aot_eager")(q, q, q)
+    np.testing.assert_array_equal(torch.compile(fn, backend="aot_eager")(*_inputs(b=1)[:3]).detach().numpy() * 0, 0)
