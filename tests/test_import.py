@@ -57,3 +57,27 @@ def test_numpy_core_works_without_torch():
         print("ok")
     """)
     assert out.strip() == "ok"
+
+
+def test_no_package_reaches_into_another_packages_private_modules():
+    """A package's ``_private`` modules are its own: other packages import what they need from the
+    package itself (its ``__init__``: the names it shares with the layers above, not in
+    ``__all__``). The layers and the kernels' protection are import-linter's (pyproject.toml);
+    this is the rule import-linter cannot say in one contract."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "src" / "qkv"
+    found = []
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        package = parts[0] if len(parts) > 1 else None  # the top-level package this module belongs to
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or not node.module or node.level == 0:
+                continue
+            here = list(parts[:-1]) if path.name != "__init__.py" else list(parts[:-1])
+            base = here[: len(here) - (node.level - 1)] if node.level > 1 else here
+            target = [*base, *node.module.split(".")]
+            if len(target) >= 2 and target[0] != package and target[1].startswith("_"):
+                found.append(f"{path.relative_to(root)}:{node.lineno} imports qkv.{'.'.join(target)}")
+    assert not found, "\n".join(found)

@@ -22,8 +22,8 @@ from ._impls import (
     empty_rows_overflowed,
     lean_attention,
     plan,
+    with_autograd,
 )
-from ._impls._autograd import with_autograd
 from ._softmax import empty_result, with_sinks
 from ._typing import Array, Result
 from .errors import ArgumentError, ShapeError

@@ -40,7 +40,7 @@ from .._heads import cast, group_q, ungroup
 from .._philox import index_grids, keep_mask
 from .._softmax import finalise, safe_max
 from .._typing import Array, Result
-from ..scores._mod import through
+from ..scores import through
 from ._call import Call
 from ._nonfinite import poisoned, poisoned_rows
 from .reference import recomputed

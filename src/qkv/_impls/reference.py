@@ -36,8 +36,7 @@ from .._philox import index_grids, keep_mask
 from .._softmax import softmax_lse
 from .._typing import Array, Result
 from ..masks import Mask
-from ..scores import ScoreMod
-from ..scores._mod import through
+from ..scores import ScoreMod, through
 from ._call import Call
 from ._nonfinite import poisoned, poisoned_rows
 

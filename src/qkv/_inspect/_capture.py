@@ -19,11 +19,13 @@ import numpy as np
 BACKEND = "qkv-inspect"
 """The attention implementation name the inspected models are loaded with."""
 
-_recorder: contextvars.ContextVar[list["Call"] | None] = contextvars.ContextVar("qkv_inspect_recorder", default=None)
+_recorder: contextvars.ContextVar[list["CapturedCall"] | None] = contextvars.ContextVar(
+    "qkv_inspect_recorder", default=None
+)
 _installed = threading.Lock()
 
 
-class Call(NamedTuple):
+class CapturedCall(NamedTuple):
     """One attention layer's call, batch axis dropped, as float32 NumPy: ``query (H, N, D)``,
     ``key``/``value (Hkv, N, D)``, ``weights (H, N, N)``, ``allowed (N, N)`` (True = may attend),
     the score ``scaling`` and the ``softcap`` (None without one)."""
@@ -69,7 +71,7 @@ def _capturing(base: Any) -> Any:
         nq, nk, d = query.shape[-2], key.shape[-2], query.shape[-1]
         scaling = kwargs.get("scaling")
         calls.append(
-            Call(
+            CapturedCall(
                 query=_numpy(query),
                 key=_numpy(key),
                 value=_numpy(value),
@@ -99,9 +101,9 @@ def install() -> None:
 
 
 @contextmanager
-def record() -> Iterator[list[Call]]:
+def record() -> Iterator[list[CapturedCall]]:
     """Collect the attention calls of the forward passes run in this block (this thread only)."""
-    calls: list[Call] = []
+    calls: list[CapturedCall] = []
     token = _recorder.set(calls)
     try:
         yield calls

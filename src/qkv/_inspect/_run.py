@@ -57,7 +57,7 @@ def _separators(loaded: LoadedModel, ids: list[int]) -> tuple[int, ...]:
     return tuple(j for j, i in enumerate(ids) if j > 0 and i in marks)
 
 
-def forward(loaded: LoadedModel, ids: list[int]) -> list[_capture.Call]:
+def forward(loaded: LoadedModel, ids: list[int]) -> list[_capture.CapturedCall]:
     """Run the model once on ``ids`` and return each attention layer's call, in order."""
     import torch
 

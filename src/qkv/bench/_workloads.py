@@ -12,8 +12,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import masks
-from ..complexity._model import flops as attention_flops
-from ..complexity._model import mask_pairs, tile_pairs
+from ..complexity import flops as attention_flops
+from ..complexity import mask_pairs, tile_pairs
 from ..masks import Mask
 
 

@@ -160,7 +160,7 @@ def picture_size(text: str | None) -> tuple[float | None, float | None]:
 
 def output_path(out: Path | None, fmt: str | None, stem: str) -> tuple[Path, str]:
     """Where a picture goes and in which format (``--out`` / ``--format``, default ``STEM.png``)."""
-    from ..plot._common import format_of
+    from ..plot import format_of
 
     path = out if out is not None else Path(f"{stem}.{(fmt or 'png').lower()}")
     return path, format_of(path, fmt)
@@ -168,7 +168,7 @@ def output_path(out: Path | None, fmt: str | None, stem: str) -> tuple[Path, str
 
 def written(fig: Any, path: Path, fmt: str) -> dict[str, Any]:
     """What ``--json`` reports of one written picture: path, format and its size in pixels and inches."""
-    from ..plot._common import pixel_size
+    from ..plot import pixel_size
 
     w, h = fig.get_size_inches()
     w_px, h_px = pixel_size(float(w), float(h), float(fig.dpi))

@@ -153,9 +153,7 @@ def bench_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print the rows as JSON instead of tables.")] = False,
 ) -> None:
     """Benchmark qkv against torch SDPA, FlexAttention and NumPy: interleaved ratios, medians and spread."""
-    from ..bench import COMPETITORS, run_suite
-    from ..bench._targets import TARGET_GROUPS
-    from ..bench._workloads import MODES, WORKLOADS
+    from ..bench import COMPETITORS, MODES, TARGET_GROUPS, WORKLOADS, run_suite
 
     if suite not in SUITE_NAMES:
         raise typer.BadParameter(f"--suite must be one of {', '.join(SUITE_NAMES)}, got {suite!r}")

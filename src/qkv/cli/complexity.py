@@ -80,7 +80,7 @@ def _measured(row: dict[str, Any], mask_spec: str, rate: float) -> dict[str, Any
         "backward": row["backward"],
         "lib": lib,
     }
-    from ..bench._memory import measure_attention
+    from ..bench import measure_attention
 
     m = measure_attention(spec)
     return {**row, "measured": {**m, "lib": lib, "predicted_seconds": row["flops"] / rate}}
@@ -195,7 +195,7 @@ def complexity_command(
     time beside the prediction at this machine's matmul rate, peak memory beyond inputs and
     output beside the model's.
     """
-    from ..bench._memory import matmul_rate
+    from ..bench import matmul_rate
     from ..complexity import estimate
     from ._common import mask_of
 

@@ -56,3 +56,8 @@ from ._estimate import Estimate as Estimate
 from ._estimate import estimate as estimate
 
 __all__ = ["Communication", "Estimate", "communication", "estimate"]
+
+# Not in __all__: the FLOP and pair counts qkv.bench reports with.
+from ._model import flops as flops  # noqa: E402
+from ._model import mask_pairs as mask_pairs  # noqa: E402
+from ._model import tile_pairs as tile_pairs  # noqa: E402

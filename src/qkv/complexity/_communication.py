@@ -4,7 +4,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .._checks import check_choice, check_flag, check_int
-from ..distributed._layout import LAYOUTS, allowed_pairs, segments
+from ..distributed import LAYOUTS, allowed_pairs, segments
 from ..errors import ArgumentError, ShapeError
 from ._model import ITEMSIZE, check_sizes, compute_itemsize
 

@@ -20,7 +20,7 @@ import numpy as np
 from .. import masks
 from .._checks import check_choice, check_int
 from ..errors import DTypeError, ShapeError
-from ..masks._rows import full_pairs, kept_pairs, row_tiles
+from ..masks import full_pairs, kept_pairs, row_tiles
 
 ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 """Bytes per element of the dtypes qkv computes in."""

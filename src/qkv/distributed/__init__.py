@@ -31,6 +31,11 @@ if TYPE_CHECKING:  # the names below, for type checkers and documentation; at ru
     from ._simulate import simulate_ring as simulate_ring
     from ._ulysses import ulysses_attention as ulysses_attention
 
+# torch-free: the sequence layouts, for qkv.complexity (not in __all__)
+from ._layout import LAYOUTS as LAYOUTS  # noqa: E402
+from ._layout import allowed_pairs as allowed_pairs  # noqa: E402
+from ._layout import segments as segments  # noqa: E402
+
 _WHERE = {
     "DistributedError": "._comm",
     "ring_attention": "._ring",

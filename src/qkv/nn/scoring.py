@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from .._backend import compute_dtype, is_torch, namespace
-from .._impls._call import check_mask_covers, split_mask
+from .._impls import check_mask_covers, split_mask
 from .._impls.reference import biased, masked, normalised
 from ..errors import MaskError, ShapeError
 from ..masks import Mask

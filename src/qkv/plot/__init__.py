@@ -7,6 +7,8 @@ heads, as matplotlib ``Figure`` objects (Agg, no pyplot state). matplotlib is im
 """
 
 from ._common import FORMATS as FORMATS
+from ._common import format_of as format_of
+from ._common import pixel_size as pixel_size
 from ._common import save as save
 from .heatmap import heatmap as heatmap
 from .heatmap import mask_picture as mask_picture

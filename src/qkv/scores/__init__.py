@@ -20,6 +20,7 @@ from ._functions import additive_backward as additive_backward
 from ._functions import general as general
 from ._functions import general_backward as general_backward
 from ._mod import ScoreMod as ScoreMod
+from ._mod import through as through
 from ._mods import alibi as alibi
 from ._mods import relative_bias as relative_bias
 from ._mods import softcap as softcap
