@@ -41,6 +41,8 @@ def _window(mask_function: Any) -> tuple[bool, int | None]:
 
     if mask_function is causal_mask_function:
         return True, None
+    if masks.compiling():  # closures cannot be read while torch traces: the dense mask, as a tensor
+        return False, None
     if getattr(mask_function, "__qualname__", "") != "and_masks.<locals>.and_mask":
         return False, None
     cells = dict(zip(mask_function.__code__.co_freevars, mask_function.__closure__ or (), strict=False))
@@ -88,6 +90,8 @@ def structured(
     """
     if not (isinstance(q_offset, int) and isinstance(kv_offset, int)) or q_offset + q_length != kv_offset + kv_length:
         return None
+    if attention_mask is not None and masks.compiling():
+        return None  # its values (the padding) cannot be read while torch traces: the dense mask, as a tensor
     known, window = _window(mask_function)
     if not known:
         return None

@@ -220,6 +220,10 @@ def _weights_requested(module: Any, kwargs: dict[str, Any]) -> bool:
     """
     if kwargs.get("output_attentions") or getattr(getattr(module, "config", None), "output_attentions", False):
         return True
+    from .. import masks
+
+    if masks.compiling():  # the collector is a ContextVar, which torch's tracer cannot read
+        return False
     try:
         from transformers.utils.output_capturing import _active_collector
     except ImportError:  # another transformers version: only the explicit flag above
