@@ -87,7 +87,6 @@ def test_a_compiled_call_is_one_graph_and_equals_eager(name):
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # inside torch's inductor (torch.jit.script_method)
 def test_inductor_compiles_it_too():
     def fn(q, k, v):
         return qkv.attention(q, k, v, mask=masks.sliding_window(5), score_mod=scores.softcap(3.0))
