@@ -147,7 +147,7 @@ def compile_rows(repeats: int) -> list[dict[str, Any]]:
             seconds[name] = time.perf_counter() - t0
             compiled[name] = c
 
-        def step(name: str, grad: bool = grad, args: Any = args) -> Any:
+        def step(name: str, grad: bool = grad, args: Any = args, compiled: Any = compiled) -> Any:
             def run() -> None:
                 out = compiled[name](*args)
                 if grad:
