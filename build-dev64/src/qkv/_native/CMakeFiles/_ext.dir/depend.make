@@ -1,2 +1,0 @@
-# Empty dependencies file for _ext.
-# This may be replaced when dependencies are built.
