@@ -230,3 +230,43 @@ def test_hidden_non_finite_keys_and_values_leave_the_gradients_unchanged(engine)
     for g, w, name in ((got[1], want[1], "dk"), (got[2], want[2], "dv")):
         assert_close(g[..., :150, :], w[..., :150, :], tol=1e-10, name=name)
         assert (g[..., 150:, :] == 0).all(), name
+
+
+def test_the_plan_cache_under_concurrent_threads():
+    """Many threads planning and running many masks and sizes at once (the cache is shared and
+    bounded): every result equals the same call made alone, and the cache never grows past its
+    bound."""
+    import threading
+
+    from qkv.masks import _plan
+
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((1, 2, 70, 8)).astype(np.float32)
+    cases = []
+    for n in (17, 40, 70):
+        for mask in (masks.causal(), masks.sliding_window(5), masks.padding(np.array([n - 3])), MASKS["bitmap"][0]):
+            if mask.size is not None and mask.size != (n, n):
+                continue
+            cases.append((n, mask))
+    alone = {i: qkv.attention(q[..., :n, :], q[..., :n, :], q[..., :n, :], mask=m) for i, (n, m) in enumerate(cases)}
+    _plan.cache_clear()
+    errors: list[BaseException] = []
+
+    def worker(seed):
+        order = np.random.default_rng(seed).permutation(len(cases))
+        try:
+            for _ in range(5):
+                for i in order:
+                    n, m = cases[i]
+                    out = qkv.attention(q[..., :n, :], q[..., :n, :], q[..., :n, :], mask=m)
+                    np.testing.assert_array_equal(out, alone[i])
+                    assert len(_plan._cache) <= _plan.CACHE_SIZE
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
