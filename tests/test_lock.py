@@ -32,11 +32,14 @@ def test_the_lock_names_its_interpreter_and_pins_torch_to_the_cpu_build():
 def test_every_installed_locked_package_has_the_locked_version():
     lock_python = re.match(r"# CPython (\d+\.\d+)", LOCK.read_text()).group(1)
     assert f"{sys.version_info[0]}.{sys.version_info[1]}" == lock_python
-    installed = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version for d in metadata.distributions()}
-    wrong = {
-        name: (installed[name], want)
-        for name, want in locked().items()
-        if name in installed and installed[name].split("+")[0] != want
-    }
+    # metadata.version: the distribution Python imports (setuptools, once imported, puts its own
+    # vendored copies of packaging and platformdirs on sys.path after site-packages)
+    installed = {}
+    for name in locked():
+        try:
+            installed[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    wrong = {name: (got, locked()[name]) for name, got in installed.items() if got.split("+")[0] != locked()[name]}
     assert not wrong, f"installed (got, locked): {wrong}"
     assert {"transformers", "torch", "numpy", "pytest"} <= installed.keys()
