@@ -185,28 +185,13 @@ def _hf_model(name):
     transformers = pytest.importorskip("transformers")
     import copy
 
+    from hf_tiny import configs
     from qkv.integrations import transformers as qt
 
     qt.register()
-    common = dict(
-        vocab_size=100,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=0,
-    )
-    config = (
-        transformers.MistralConfig(**common, sliding_window=4)
-        if name == "mistral"
-        else transformers.LlamaConfig(**common)
-    )
+    auto, _, make = configs()[name]  # the architecture matrix's tiny configs (Mistral's window: 5)
     torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="qkv").eval()
+    return getattr(transformers, auto).from_config(copy.deepcopy(make()), attn_implementation="qkv").eval()
 
 
 @pytest.mark.parametrize("name", ["llama", pytest.param("mistral", marks=pytest.mark.slow)])
