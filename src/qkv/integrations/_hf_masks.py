@@ -7,7 +7,7 @@ layer at N = 8192). Where the description is one qkv has a constructor for, the 
 returns a ``StructuredMask`` instead: ``masks.causal()``, ``masks.sliding_window(w)`` or
 ``masks.padding(lengths, causal=True, window=w, left=True)``, whose tiles (or per-row key
 intervals) are known analytically. One object serves every layer of a forward pass, so
-whatever the kernel derives from it per shape is computed once (``Mask``'s memo).
+whatever the kernel derives from it per shape is computed once (``masks.plan``'s cache).
 """
 
 from typing import Any
