@@ -221,23 +221,3 @@ def test_a_transformers_model_compiles_without_graph_breaks_forward_and_static_c
         model.forward = torch.compile(model.forward, fullgraph=True, backend="aot_eager")
         got = model.generate(ids, **gen)
     assert torch.equal(got, want)
-
-
-def test_eager_autograd_runs_through_the_operator_too():
-    """Outside a traced program as inside: a call that records gradients is the operator's node
-    (its registered backward), except what the operator cannot carry (an opaque mask)."""
-
-    def nodes(out):
-        seen, stack = set(), [out.grad_fn]
-        while stack:
-            f = stack.pop()
-            if f is None or f in seen:
-                continue
-            seen.add(f)
-            stack.extend(g for g, _ in f.next_functions)
-        return {type(f).__name__ for f in seen}
-
-    q, k, v = _inputs()
-    assert any("qkv_attention" in n for n in nodes(qkv.attention(q, k, v, mask=masks.sliding_window(5))))
-    opaque = qkv.attention(q, k, v, mask=masks.from_fn(lambda i, j: j <= i), impl="flash")
-    assert not any("qkv_attention" in n for n in nodes(opaque))

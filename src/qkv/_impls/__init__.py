@@ -12,7 +12,6 @@ applies ``call.sinks`` itself (otherwise ``qkv.attention`` merges them into its 
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from .._backend import is_torch
 from .._typing import Result
 from . import flash, reference, torch_sdpa
 from ._autograd import with_autograd as with_autograd
@@ -58,33 +57,10 @@ _flash_autograd = with_autograd(flash.forward, flash.backward)
 
 
 def _flash_forward(c: Call, p: Plan) -> Result:
-    c = flash.seeded(c)  # a dropout seed drawn now: the backward redraws the same masks
-    if p.engine == "native" and is_torch(c.q) and _records_grad(c):
-        # autograd through torch's own operator (its registered backward), as a compiled graph runs it;
-        # what the operator cannot carry (an opaque mask, a learned bias) keeps the autograd.Function
-        res = compiled_attention(
-            c.q,
-            c.k,
-            c.v,
-            mask=c.mask,
-            causal=False,
-            scale=c.scale,
-            score_mod=c.score_mod,
-            dropout=c.dropout,
-            rng=c.rng,
-            want_weights=False,
-            bias=c.bias,
-            sinks=None,
-        )
-        if res is not None:
-            return res
-    return _flash_autograd(c, p)
-
-
-def _records_grad(c: Call) -> bool:
-    import torch
-
-    return torch.is_grad_enabled() and any(x.requires_grad for x in (c.q, c.k, c.v))
+    # eager torch calls record gradients with the autograd.Function: routing them through the
+    # operator too made torchrun's children die at exit (std::terminate) in about half of the runs
+    # of examples/ring_torchrun.py, cause not found; the operator serves traced programs
+    return _flash_autograd(flash.seeded(c), p)  # a dropout seed drawn now: the backward redraws the same masks
 
 
 REGISTRY: dict[str, Implementation] = {
