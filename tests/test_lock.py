@@ -1,4 +1,4 @@
-"""The locked environment: ``scripts/test`` installs from ``requirements-lock.txt`` and exports it
+"""The locked environment: ``scripts/test`` installs from ``constraints.txt`` and exports it
 as ``PIP_CONSTRAINT``; then every locked package that is installed has the locked version, so a
 release made after the lock cannot change what the suite runs (``CONTRIBUTING.md``, "The lock")."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-LOCK = Path(__file__).resolve().parents[1] / "requirements-lock.txt"
+LOCK = Path(__file__).resolve().parents[1] / "constraints.txt"
 
 
 def locked() -> dict[str, str]:
@@ -27,7 +27,7 @@ def test_the_lock_names_its_interpreter_and_pins_torch_to_the_cpu_build():
 
 @pytest.mark.skipif(
     Path(os.environ.get("PIP_CONSTRAINT", "/nonexistent")).resolve() != LOCK,
-    reason="not a run of scripts/test from the lock (PIP_CONSTRAINT is not requirements-lock.txt)",
+    reason="not a run of scripts/test from the lock (PIP_CONSTRAINT is not constraints.txt)",
 )
 def test_every_installed_locked_package_has_the_locked_version():
     lock_python = re.match(r"# CPython (\d+\.\d+)", LOCK.read_text()).group(1)
