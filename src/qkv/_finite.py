@@ -44,22 +44,6 @@ def hidden_to_inf(xp: Any, s: Array, hidden: Array) -> Array:
     return xp.where(hidden, xp.asarray(-float("inf"), dtype=s.dtype), s)
 
 
-def may_overflow(xp: Any, *arrays: Any, scale: float) -> bool:
-    """Whether ``q (..., Nq, Dk)`` and ``k (..., Nk, Dk)`` (the first two of ``arrays``), plus any
-    bias after them, could give a score beyond a quarter of the accumulator's range, or hold a
-    non-finite value: ``|q · k · scale| <= max|q| · max|k| · Dk · |scale|``, and a quarter leaves
-    room for the log2(e) of an ``exp2`` domain and a score mod's offsets."""
-    given = [x for x in arrays if x is not None]
-    if any(is_traced(x) for x in given):
-        return False
-    q, k, rest = given[0], given[1], given[2:]
-    big = [float(np.max(np.abs(to_numpy(x)))) if math.prod(x.shape) else 0.0 for x in (q, k, *rest)]
-    if not all(math.isfinite(b) for b in big):
-        return True
-    bound = big[0] * big[1] * q.shape[-1] * abs(scale) + sum(big[2:])
-    return not bound <= float(np.finfo(np.float64 if dtype_name(q) == "float64" else np.float32).max) / 4
-
-
 def overflow_error(q: Array, k: Array, scale: float, rows: int | None = None) -> ArgumentError:
     """The contract's error for finite inputs whose scores overflow the compute dtype (naming max
     |q|, max |k|, Dk and the scale: what to change). Looks at q and k: only on this error path."""

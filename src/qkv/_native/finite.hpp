@@ -196,21 +196,6 @@ __attribute__((noinline)) static void dirty_tile(const Params& P, const LaneGrou
   for (int g = 0; g < nlg; ++g) flag_attending(P, lgs[g], tm[g], j0, jn, bk, bv, fl[g]);
 }
 
-// Lanes of a transposed [D][16] block (Q^T) holding a non-finite value: zeroed and flagged kBadQ.
-// Out of line: it runs once per lane group, and inlined it would reshape the tile loop's code
-// (measured: 9% slower dense forward when the check sat inside the load loop).
-template <class C>
-__attribute__((noinline)) static void flag_bad_lanes(C* t, int64_t D, int n, uint8_t* fl) {
-  alignas(64) C probe[kLanes] = {};
-  for (int64_t d = 0; d < D; ++d)
-    for (int l = 0; l < kLanes; ++l) probe[l] += t[d * kLanes + l] * C(0);
-  for (int l = 0; l < n; ++l) {
-    if (probe[l] == probe[l]) continue;
-    fl[l] |= kBadQ;
-    for (int64_t d = 0; d < D; ++d) t[d * kLanes + l] = C(0);
-  }
-}
-
 // kOverflow when a row's running max / sum show a non-finite admitted score (inputs are clean).
 template <class C>
 static inline uint8_t score_flags(C m, C l) {
