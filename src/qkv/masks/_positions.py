@@ -6,6 +6,7 @@ every cached key) and the key ``j``; tiles are classified analytically from the 
 largest ``d`` a tile holds, without evaluating a single cell.
 """
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -27,9 +28,23 @@ def aligned(nq: int, nk: int) -> int:
 
 def shift(offset: int | None, nq: int, nk: int) -> int:
     """The query's aligned position is ``p = i + shift``: ``Nk - Nq`` for ``offset=None`` (bottom-right),
-    else ``offset`` clipped to ``[-Nq, Nk]`` (beyond it every key is hidden or shown alike, and
-    int64 index arithmetic stays exact for any Python int)."""
+    else ``offset`` clipped to ``[-Nq, Nk]``. Exact for one-sided tests ``j <= p`` (beyond that range
+    every key is hidden or shown alike, and int64 index arithmetic stays exact for any Python int);
+    a two-sided band clips each side on its own (``reach``)."""
     return aligned(nq, nk) if offset is None else min(max(offset, -nq), nk)
+
+
+def reach(offset: int | None, lo: int, hi: float, nq: int, nk: int) -> tuple[int, int]:
+    """``(b, a)`` with ``lo <= i + offset - j <= hi``  iff  ``i + b <= j <= i + a``, for every row
+    ``0 <= i < Nq`` and key ``0 <= j < Nk``.
+
+    ``a = offset - lo`` and ``b = offset - hi`` are each clipped to ``[-Nq, Nk]``: a bound beyond
+    it admits every key or none on that side, so the result is exact for any Python int offset
+    and any band, and the arithmetic stays small. (Clipping the offset itself, as ``shift`` does,
+    is exact only for one-sided bands: a window far to one side would slide back onto the keys.)
+    """
+    o = aligned(nq, nk) if offset is None else int(offset)
+    return min(max(o - hi, -nq), nk), min(max(o - lo, -nq), nk)
 
 
 def check_offset(offset: object, name: str) -> int | None:
@@ -46,25 +61,22 @@ def length(value: object, name: str, minimum: int = 1) -> int:
     return check_int(value, name, minimum=minimum, maximum=MAX_LENGTH, error=MaskError)
 
 
-def _band(lo: int, hi: int, offset: int | None, name: str) -> Mask:
+def _band(lo: int, hi: float, offset: int | None, name: str) -> Mask:
     """Keys at distance ``d = i + offset - j`` with ``lo <= d <= hi`` (offset None: Nk - Nq)."""
 
-    def off(nq: int, nk: int) -> int:
-        return shift(offset, nq, nk)
-
     def allowed(i, j, nq, nk):
-        d = i + off(nq, nk) - j
-        return (d >= lo) & (d <= hi)
+        b, a = reach(offset, lo, hi, nq, nk)
+        return (j >= i + b) & (j <= i + a)
 
     def tiles(q0, q1, k0, k1, nq, nk):
-        o = off(nq, nk)
-        dmin, dmax = q0 + o - (k1 - 1), (q1 - 1) + o - k0  # d takes every value in between
-        return np.where((dmax < lo) | (dmin > hi), EMPTY, np.where((dmin >= lo) & (dmax <= hi), FULL, PARTIAL))
+        b, a = reach(offset, lo, hi, nq, nk)
+        smin, smax = k0 - (q1 - 1), (k1 - 1) - q0  # j - i takes every value in between
+        return np.where((smax < b) | (smin > a), EMPTY, np.where((smin >= b) & (smax <= a), FULL, PARTIAL))
 
     def rows(i, nq, nk):
-        p = i.astype(np.int64) + off(nq, nk)  # allowed: p - hi <= j <= p - lo
-        first = np.clip(p - min(hi, nq + nk), 0, nk)  # hi beyond Nq + Nk reaches every key: keeps int64 exact
-        return first, np.maximum(first, np.clip(p - lo + 1, 0, nk))
+        b, a = reach(offset, lo, hi, nq, nk)  # allowed: i + b <= j <= i + a
+        first = np.clip(i.astype(np.int64) + b, 0, nk)
+        return first, np.maximum(first, np.clip(i.astype(np.int64) + a + 1, 0, nk))
 
     return Mask(allowed, name, tiles, rows=rows)
 
@@ -85,13 +97,13 @@ def causal(offset: int | None = None) -> Mask:
     if compiling():
         return lazy("causal", ("causal", (int(offset),), {}))
     return replace(
-        _band(0, np.iinfo(np.int64).max, int(offset), f"causal(offset={offset})"),
+        _band(0, math.inf, int(offset), f"causal(offset={offset})"),
         recipe=("causal", (int(offset),), {}),
     )
 
 
 # one object: impls recognise it by identity, and its plans are cached once
-_CAUSAL = replace(_band(0, np.iinfo(np.int64).max, None, "causal"), recipe=("causal", (), {}))
+_CAUSAL = replace(_band(0, math.inf, None, "causal"), recipe=("causal", (), {}))
 
 
 @recorded
@@ -148,24 +160,28 @@ def dilated(window: int, dilation: int, *, offset: int | None = None) -> Mask:
     ``|d| < window · dilation`` and ``d % dilation == 0`` (Longformer's dilated window), with
     ``d = i + offset - j`` aligned as for ``causal`` (None: bottom-right).
 
-    Symmetric; combine with ``causal()`` for the causal form.
+    Symmetric; combine with ``causal()`` for the causal form. Tile classes are exact.
     """
     window = length(window, "dilated window")
     dilation = length(dilation, "dilated dilation")
     offset = check_offset(offset, "dilated")
-    reach = window * dilation - 1
-    band = _band(-reach, reach, offset, "band")
+    r = window * dilation - 1
+    band = _band(-r, r, offset, "band")
 
     def allowed(i, j, nq, nk):
-        d = i + shift(offset, nq, nk) - j
-        return (np.abs(d) <= reach) & (d % dilation == 0)
+        o = aligned(nq, nk) if offset is None else offset % dilation  # d mod dilation, with small numbers
+        return band.allowed(i, j, nq, nk) & ((i + o - j) % dilation == 0)
 
     def tiles(q0, q1, k0, k1, nq, nk):
-        c = band._classify(q0, q1, k0, k1, nq, nk)
         if dilation == 1:
-            return c
-        single = (q1 - q0 == 1) & (k1 - k0 == 1)  # a one-cell tile is all or nothing
-        cell = allowed(q0, k0, nq, nk)
-        return np.where(c == EMPTY, EMPTY, np.where(single, np.where(cell, FULL, EMPTY), PARTIAL))
+            return band._classify(q0, q1, k0, k1, nq, nk)
+        # the tile's cells in the band have j - i in [lo, hi]; one of them is allowed iff that
+        # range holds an s with s = o (mod dilation), o the offset's residue
+        b, a = reach(offset, -r, r, nq, nk)
+        lo, hi = np.maximum(k0 - (q1 - 1), b), np.minimum((k1 - 1) - q0, a)
+        o = aligned(nq, nk) if offset is None else offset % dilation
+        some = lo + (o - lo) % dilation <= hi
+        single = (q1 - q0 == 1) & (k1 - k0 == 1)  # only a one-cell tile can be FULL
+        return np.where(some, np.where(single, FULL, PARTIAL), EMPTY)
 
     return Mask(allowed, f"dilated({window}, dilation={dilation}{suffix(offset)})", tiles)
