@@ -21,6 +21,10 @@ KINDS = {  # name: (constructor(offset), the definition over Python ints with d 
     "window-both-sides": (lambda o: masks.sliding_window(3, causal=False, offset=o), lambda i, j, d: abs(d) < 3),
     "prefix-lm": (lambda o: masks.prefix_lm(2, offset=o), lambda i, j, d: j < 2 or d >= 0),
     "dilated": (lambda o: masks.dilated(2, 3, offset=o), lambda i, j, d: abs(d) < 6 and d % 3 == 0),
+    # flash-attn's window_size pairs, -1 = unbounded: -right <= d <= left
+    "pair-unbounded-right": (lambda o: masks.sliding_window((2, -1), causal=False, offset=o), lambda i, j, d: d <= 2),
+    "pair-unbounded-left": (lambda o: masks.sliding_window((-1, 1), causal=False, offset=o), lambda i, j, d: d >= -1),
+    "pair-causal": (lambda o: masks.sliding_window((-1, -1), offset=o), lambda i, j, d: d >= 0),
 }
 SIZES = [(5, 7), (7, 5), (1, 9)]
 

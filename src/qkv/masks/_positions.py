@@ -15,6 +15,7 @@ from .._checks import check_flag, check_int
 from ..errors import MaskError
 from ._mask import EMPTY, FULL, PARTIAL, Mask
 from ._recipe import compiling, lazy, recorded
+from ._sequences import UNBOUNDED, window_sides
 
 MAX_LENGTH = 2**31 - 1
 """Largest size a mask parameter may take: far beyond any sequence, and int64 index arithmetic
@@ -34,7 +35,7 @@ def shift(offset: int | None, nq: int, nk: int) -> int:
     return aligned(nq, nk) if offset is None else min(max(offset, -nq), nk)
 
 
-def reach(offset: int | None, lo: int, hi: float, nq: int, nk: int) -> tuple[int, int]:
+def reach(offset: int | None, lo: float, hi: float, nq: int, nk: int) -> tuple[int, int]:
     """``(b, a)`` with ``lo <= i + offset - j <= hi``  iff  ``i + b <= j <= i + a``, for every row
     ``0 <= i < Nq`` and key ``0 <= j < Nk``.
 
@@ -61,7 +62,7 @@ def length(value: object, name: str, minimum: int = 1) -> int:
     return check_int(value, name, minimum=minimum, maximum=MAX_LENGTH, error=MaskError)
 
 
-def _band(lo: int, hi: float, offset: int | None, name: str) -> Mask:
+def _band(lo: float, hi: float, offset: int | None, name: str) -> Mask:
     """Keys at distance ``d = i + offset - j`` with ``lo <= d <= hi`` (offset None: Nk - Nq)."""
 
     def allowed(i, j, nq, nk):
@@ -107,25 +108,40 @@ _CAUSAL = replace(_band(0, math.inf, None, "causal"), recipe=("causal", (), {}))
 
 
 @recorded
-def sliding_window(size: int, causal: bool = True, *, offset: int | None = None) -> Mask:
+def sliding_window(size: int | tuple[int, int], causal: bool = True, *, offset: int | None = None) -> Mask:
     """Keys within ``size`` positions of the query's aligned position ``p``; ``d = p - j``.
 
     ``causal=True``: ``0 <= d < size``, the ``size`` most recent keys including itself
     (Mistral's window). ``causal=False``: ``|d| < size``, ``size - 1`` keys on each side
-    (Longformer, arXiv:2004.05150). ``p = i + offset``; ``offset=None`` is ``Nk - Nq``
-    (bottom-right), ``0`` top-left, as for ``causal``. Nq=Nk=5, size=2, causal:
+    (Longformer, arXiv:2004.05150). ``size`` may also be flash-attn's ``window_size`` pair
+    ``(left, right)``: ``-right <= d <= left``, ``-1`` for an unbounded side; ``causal=True``
+    intersects it with ``causal()`` (right becomes 0, as in flash-attn). ``p = i + offset``;
+    ``offset=None`` is ``Nk - Nq`` (bottom-right), ``0`` top-left, as for ``causal``.
+    Nq=Nk=5, size=2 (the same as ``(1, 0)``), causal:
 
         █ · · · ·
         █ █ · · ·
         · █ █ · ·
         · · █ █ ·
         · · · █ █
+
+    >>> sliding_window((2, -1), causal=False)  # two keys back, every key ahead
     """
-    size = length(size, "sliding_window size")
     offset = check_offset(offset, "sliding_window")
-    if check_flag(causal, "sliding_window causal", error=MaskError):
+    causal = check_flag(causal, "sliding_window causal", error=MaskError)
+    if isinstance(size, (tuple, list)):
+        left, right = window_sides(tuple(size), causal, "sliding_window", "size")
+        lo, hi = (-math.inf if right == UNBOUNDED else -right), (math.inf if left == UNBOUNDED else left)
+        shown = f"({_side(size[0])}, {_side(right if causal else size[1])})"
+        return _band(lo, hi, offset, f"sliding_window({shown}{'' if causal else ', causal=False'}{suffix(offset)})")
+    size = length(size, "sliding_window size")
+    if causal:
         return _band(0, size - 1, offset, f"sliding_window({size}{suffix(offset)})")
     return _band(-(size - 1), size - 1, offset, f"sliding_window({size}, causal=False{suffix(offset)})")
+
+
+def _side(x: object) -> int:
+    return -1 if x in (-1, UNBOUNDED) else int(x)  # type: ignore[call-overload]
 
 
 @recorded

@@ -23,23 +23,36 @@ UNBOUNDED = 2**62
 """A window side without a bound: beyond any sequence, and ``p ± UNBOUNDED`` stays inside int64."""
 
 
-def window_sides(window: Any, causal: bool, name: str) -> tuple[int, int]:
+def window_sides(window: Any, causal: bool, name: str, arg: str = "window") -> tuple[int, int]:
     """``(left, right)``: keys at most ``left`` before and ``right`` after the aligned position.
 
     ``window=None``: unbounded (``causal`` caps ``right`` at 0); an int ``w`` means what
     ``sliding_window(w, causal)`` means (``w`` keys ending at the query when causal, ``w - 1``
-    on each side otherwise); a pair ``(left, right)`` is flash-attn's ``window_size``.
+    on each side otherwise); a pair ``(left, right)`` is flash-attn's ``window_size``: ``-1``
+    leaves that side unbounded (``UNBOUNDED``), and ``causal`` intersects it with the causal
+    mask (``right`` becomes 0, as flash-attn does).
     """
     causal = check_flag(causal, f"{name} causal", error=MaskError)
     if window is None:
         left, right = UNBOUNDED, UNBOUNDED
-    elif isinstance(window, tuple) and len(window) == 2:
-        left = check_int(window[0], f"{name} window left", minimum=0, maximum=UNBOUNDED, error=MaskError)
-        right = check_int(window[1], f"{name} window right", minimum=0, maximum=UNBOUNDED, error=MaskError)
+    elif isinstance(window, (tuple, list)):
+        if len(window) != 2:
+            raise MaskError(f"{name} {arg} must be an integer or a pair (left, right), got {window!r}")
+        left, right = (_side(x, f"{name} {arg} {side}") for x, side in zip(window, ("left", "right"), strict=True))
     else:
-        w = check_int(window, f"{name} window", minimum=1, maximum=UNBOUNDED, error=MaskError)
+        w = check_int(window, f"{name} {arg}", minimum=1, maximum=UNBOUNDED, error=MaskError)
         left, right = w - 1, (0 if causal else w - 1)
     return left, (0 if causal else right)
+
+
+def _side(x: Any, name: str) -> int:
+    """One side of a ``(left, right)`` window: ``0 … UNBOUNDED``, or ``-1`` for unbounded (flash-attn)."""
+    v = check_int(x, name, maximum=UNBOUNDED, error=MaskError)
+    if v < -1:
+        raise MaskError(
+            f"{name} must be an integer >= 0, or -1 for an unbounded side (flash-attn's window_size), got {v}"
+        )
+    return UNBOUNDED if v == -1 else v
 
 
 def rows_in_sequences(

@@ -1,0 +1,65 @@
+"""Mask arguments that used to give a wrong answer or a bare error (issue 20, item 4).
+
+Window pairs with flash-attn's ``-1``; 0-D masks and biases broadcast as SDPA's do; bad sizes
+and lengths are typed errors naming the argument, the axis and the sizes.
+"""
+
+import numpy as np
+import pytest
+
+import oracle as O
+import qkv
+from helpers import HAS_TORCH, assert_close, make_qkv
+from qkv import masks
+from qkv.errors import MaskError, QKVError, ShapeError
+
+needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+
+
+def packed_definition(cu_q, cu_k, left, right, causal):
+    """flash-attn varlen: local query ii of sequence s sits at p = ii + Lk - Lq and sees local
+    key jj iff -right <= p - jj <= left (None: unbounded; causal: right = 0)."""
+    nq, nk = cu_q[-1], cu_k[-1]
+    out = np.zeros((nq, nk), dtype=bool)
+    for s in range(len(cu_q) - 1):
+        lq, lk = cu_q[s + 1] - cu_q[s], cu_k[s + 1] - cu_k[s]
+        for ii in range(lq):
+            for jj in range(lk):
+                d = ii + lk - lq - jj
+                ok = (left is None or d <= left) and (right is None or d >= -right) and (not causal or d >= 0)
+                out[cu_q[s] + ii, cu_k[s] + jj] = ok
+    return out
+
+
+WINDOWS = [((-1, -1), None, None), ((-1, 0), None, 0), ((2, -1), 2, None), ((0, -1), 0, None), ((1, 1), 1, 1)]
+
+
+@pytest.mark.parametrize("window,left,right", WINDOWS, ids=[str(w[0]) for w in WINDOWS])
+@pytest.mark.parametrize("causal", [False, True])
+def test_window_pairs_take_minus_one_for_an_unbounded_side(window, left, right, causal):
+    cu_q, cu_k = [0, 3, 4, 9], [0, 5, 5, 11]
+    want = packed_definition(cu_q, cu_k, left, right, causal)
+    got = masks.packed(cu_q, cu_k, causal=causal, window=window).dense(9, 11)
+    assert np.array_equal(got, want), f"\n{got.astype(int)}\n{want.astype(int)}"
+    # padding: one sequence per batch element, right padding
+    kl, ql = np.array([5, 2]), np.array([3, 1])
+    got = masks.padding(kl, ql, causal=causal, window=window).dense(4, 6)
+    for b in range(2):
+        rows = packed_definition([0, ql[b]], [0, kl[b]], left, right, causal)
+        want = np.zeros((4, 6), dtype=bool)
+        want[: ql[b], : kl[b]] = rows
+        assert np.array_equal(got[b, 0], want), (b, got[b, 0].astype(int), want.astype(int))
+    # sliding_window over the whole call (Nq = 4 queries against Nk = 6 keys, bottom-right)
+    got = masks.sliding_window(window, causal=causal).dense(4, 6)
+    assert np.array_equal(got, packed_definition([0, 4], [0, 6], left, right, causal))
+
+
+@pytest.mark.parametrize("bad", [(-2, 0), (0, -5), (1,), (1, 2, 3), (1.5, 2), ("1", 2)])
+def test_a_bad_window_pair_is_a_mask_error_naming_the_side(bad):
+    for build, name in (
+        (lambda: masks.sliding_window(bad), "sliding_window size"),
+        (lambda: masks.packed([0, 3], window=bad), "packed window"),
+        (lambda: masks.padding([3], window=bad), "padding window"),
+    ):
+        with pytest.raises(MaskError, match=name):
+            build()
