@@ -293,15 +293,62 @@ def test_a_connection_that_never_finishes_its_request_is_closed(lab):
     assert exchange(port, http("GET", "/api/limits", "127.0.0.1"))[0] == 200
 
 
-def test_headers_larger_than_the_limit_are_refused(lab):
-    huge = b"GET /api/limits HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (LIMITS.max_header_bytes + 1024)
-    with socket.create_connection(("127.0.0.1", port_of(lab)), timeout=10) as s:
+CLOSE = b"Connection: close\r\n"
+
+
+def head_of(size, extra=b""):
+    """A whole request head (request line, headers, blank line) of exactly ``size`` bytes."""
+    start = b"GET /api/limits HTTP/1.1\r\nHost: 127.0.0.1\r\n" + extra + b"X-Big: "
+    end = b"\r\n\r\n"
+    return start + b"a" * (size - len(start) - len(end)) + end
+
+
+def send_head(port, head, pieces=1):
+    """Send ``head`` in ``pieces`` writes (one ``sendall`` each) and read the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        step = -(-len(head) // pieces)
         try:
-            s.sendall(huge)
+            for i in range(0, len(head), step):
+                s.sendall(head[i : i + step])
+                if pieces > 1:
+                    time.sleep(0.05)  # let the server read each piece on its own
         except (BrokenPipeError, ConnectionResetError):
             pass
-        status, _, _ = read_response(s)
-    assert status == 400
+        return read_response(s)
+
+
+@pytest.mark.parametrize("size", [20_000, 64_000, LIMITS.max_header_bytes + 1])
+@pytest.mark.parametrize("pieces", [1, 4], ids=["one-write", "in-pieces"])
+def test_headers_larger_than_the_limit_are_refused(lab, size, pieces):
+    """A head above ``max_header_bytes`` is refused (431) however it arrives: h11's own limit saw
+    only a head still incomplete, so one that came in a single write was served."""
+    status, headers, body = send_head(port_of(lab), head_of(size), pieces)
+    assert status == 431, (size, pieces, status)
+    assert headers["content-type"] == "application/json" and headers["connection"] == "close"
+    assert f"max_header_bytes={LIMITS.max_header_bytes}" in json.loads(body)["message"]
+
+
+@pytest.mark.parametrize("pieces", [1, 4], ids=["one-write", "in-pieces"])
+def test_headers_at_the_limit_are_served(lab, pieces):
+    assert send_head(port_of(lab), head_of(LIMITS.max_header_bytes), pieces)[0] == 200
+    assert send_head(port_of(lab), head_of(LIMITS.max_header_bytes - 100), pieces)[0] == 200
+
+
+def test_a_large_head_after_a_small_request_on_one_connection_is_refused(lab):
+    """Keep-alive: the second request's head is counted from its own start, whatever came before
+    in the same read (the first request and its body)."""
+    body = b'{"n_q": 4}'
+    first = (
+        b"POST /api/heatmap HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    for second, statuses in ((head_of(20_000), [200, 431]), (head_of(LIMITS.max_header_bytes, CLOSE), [200, 200])):
+        with socket.create_connection(("127.0.0.1", port_of(lab)), timeout=10) as s:
+            s.sendall(first + second)
+            answers = b""
+            while chunk := s.recv(65536):  # both answers, until the server closes the connection
+                answers += chunk
+        assert [int(x) for x in re.findall(rb"HTTP/1.1 (\d{3}) ", answers)] == statuses
 
 
 def test_an_idle_keep_alive_connection_is_closed(lab):

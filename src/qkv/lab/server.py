@@ -8,17 +8,20 @@
 - **How long a connection may dawdle.** ``GuardedH11Protocol`` closes a connection whose request
   (headers and body) has not fully arrived ``Limits.request_timeout_seconds`` after the
   connection opened or the previous response ended (uvicorn itself times out only idle
-  keep-alive connections, not one that never finishes its headers: slowloris). Headers are at
-  most ``max_header_bytes``, idle keep-alive connections close after ``keep_alive_seconds``, and
-  at most ``max_connections`` connections are served at once (uvicorn answers 503 beyond).
+  keep-alive connections, not one that never finishes its headers: slowloris). A request's head
+  (request line and headers) is at most ``max_header_bytes`` however it arrives (431 beyond,
+  ``HeadLimit``), idle keep-alive connections close after ``keep_alive_seconds``, and at most
+  ``max_connections`` connections are served at once (uvicorn answers 503 beyond).
 
 ``python -m qkv lab`` (``qkv.cli.lab``) is the one caller; it prints the startup lines.
 """
 
 import asyncio
 import ipaddress
+import json
 import re
 import socket
+from typing import Any
 
 import h11
 import uvicorn
@@ -77,12 +80,70 @@ def hosts_for(host: str) -> tuple[tuple[str, ...], bool]:
     return tuple(dict.fromkeys(n for n in names if n)), wildcard
 
 
+class HeadLimit(h11.Connection):
+    """h11's server side, with its size limit applied to every request head.
+
+    h11 checks ``max_incomplete_event_size`` only while a head is still incomplete, so a head
+    larger than the limit that arrived in one read (a 64 kB header block in one ``send``) was
+    parsed and served. Here the bytes a ``Request`` event consumed are counted as well, and a head
+    above ``max_head`` bytes is the same ``RemoteProtocolError`` (hint 431) h11 raises for one that
+    arrives in pieces. The error h11 raised last is kept in ``refused`` for the answer."""
+
+    def __init__(self, max_head: int) -> None:
+        super().__init__(h11.SERVER, max_incomplete_event_size=max_head)
+        self.max_head = max_head
+        self.refused: h11.RemoteProtocolError | None = None
+
+    def _buffered(self) -> int:
+        return len(self.trailing_data[0])
+
+    def next_event(self) -> Any:
+        before = self._buffered() if self.their_state is h11.IDLE else 0
+        try:
+            event = super().next_event()
+            if isinstance(event, h11.Request) and before - self._buffered() > self.max_head:
+                raise h11.RemoteProtocolError("request head above the limit", error_status_hint=431)
+        except h11.RemoteProtocolError as e:
+            self.refused = e
+            raise
+        return event
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol, closing a connection whose request has not fully arrived
-    ``request_timeout`` seconds after the connection opened or the previous response ended."""
+    ``request_timeout`` seconds after the connection opened or the previous response ended, and
+    answering 431 to a request head above ``max_head`` bytes (``HeadLimit``)."""
 
     request_timeout = Limits.request_timeout_seconds
+    max_head = Limits.max_header_bytes
     _deadline: asyncio.TimerHandle | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.conn = HeadLimit(self.max_head)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request h11 refused (always 400): 431 for a head above the limit."""
+        refused = getattr(self.conn, "refused", None)
+        if refused is None or refused.error_status_hint != 431:
+            super().send_400_response(msg)
+            return
+        text = (
+            f"the request's head (request line and headers) is above the lab's limit of "
+            f"max_header_bytes={self.max_head} bytes"
+        )
+        body = json.dumps({"detail": text, "message": text}).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        self.transport.write(
+            self.conn.send(h11.Response(status_code=431, headers=headers, reason=b"Request Header Fields Too Large"))
+        )
+        self.transport.write(self.conn.send(h11.Data(data=body)))
+        self.transport.write(self.conn.send(h11.EndOfMessage()))
+        self.transport.close()
 
     def _arm(self) -> None:
         self._disarm()
@@ -120,7 +181,11 @@ class GuardedH11Protocol(H11Protocol):
 def make_server(app: FastAPI, host: str, port: int) -> uvicorn.Server:
     """A uvicorn server for ``app`` (made by ``create_app``) with the connection limits of its ``Limits``."""
     lim: Limits = app.state.limits
-    protocol = type("LabProtocol", (GuardedH11Protocol,), {"request_timeout": lim.request_timeout_seconds})
+    protocol = type(
+        "LabProtocol",
+        (GuardedH11Protocol,),
+        {"request_timeout": lim.request_timeout_seconds, "max_head": lim.max_header_bytes},
+    )
     config = uvicorn.Config(
         app,
         host=host,
