@@ -89,3 +89,42 @@ def test_dropout_gradient_flows_through_the_kept_weights(impl, rng):
     w = w.detach().numpy()
     assert_close(tv.grad.numpy(), np.swapaxes(w, -1, -2) @ dout, name="dv = (dropped weights)ᵀ dout")
     assert np.isfinite(tq.grad.numpy()).all() and np.isfinite(tk.grad.numpy()).all()
+
+
+SEED_IMPLS = ["reference", "flash", "auto"]
+
+
+@pytest.mark.parametrize("seed", [-1, -(2**63), 2**64, 2**80])
+@pytest.mark.parametrize("impl", SEED_IMPLS)
+def test_a_seed_outside_the_64_bit_key_is_an_argument_error(seed, impl, rng):
+    from qkv.errors import ArgumentError
+
+    q, k, v = make_qkv(rng, (1, 2, 8, 4), (1, 2, 8, 4), dtype=np.float32)
+    arrays = [(q, k, v)]
+    if HAS_TORCH:
+        import torch
+
+        arrays.append(
+            tuple(torch.tensor(x, requires_grad=g) for x, g in zip((q, k, v), (False, True, False), strict=True))
+        )
+    for a in arrays:
+        with pytest.raises(ArgumentError, match=rf"rng seed must be an integer in 0\.\.2\*\*64 - 1.*got {seed}"):
+            qkv.attention(*a, dropout=P, rng=seed, impl=impl)
+
+
+@pytest.mark.parametrize("seed", [0, 2**63, 2**64 - 1, np.uint64(2**64 - 1)])
+def test_seeds_across_the_whole_64_bit_key_give_one_mask_on_every_impl(seed, rng):
+    q, k, v = make_qkv(rng, (1, 2, 8, 4), (1, 2, 16, 4))
+    ref = qkv.attention(q, k, v, dropout=P, rng=seed, impl="reference")
+    for impl in ("flash", "auto"):
+        assert_close(qkv.attention(q, k, v, dropout=P, rng=seed, impl=impl), ref, tol=1e-12, name=impl)
+
+
+@pytest.mark.parametrize("bad", ["0.5", b"0.5", None, [0.5], float("nan"), 1.0, -0.1])
+def test_dropout_must_be_a_probability_given_as_a_number(bad, rng):
+    from qkv.errors import ArgumentError
+
+    q, k, v = make_qkv(rng, (1, 1, 4, 4), (1, 1, 4, 4))
+    for impl in SEED_IMPLS:
+        with pytest.raises(ArgumentError, match="dropout must be"):
+            qkv.attention(q, k, v, dropout=bad, rng=1, impl=impl)

@@ -11,7 +11,7 @@ import oracle as O
 import qkv
 from helpers import HAS_TORCH, assert_close, make_qkv
 from qkv import masks
-from qkv.errors import MaskError, QKVError, ShapeError
+from qkv.errors import MaskError
 
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
 
@@ -63,3 +63,44 @@ def test_a_bad_window_pair_is_a_mask_error_naming_the_side(bad):
     ):
         with pytest.raises(MaskError, match=name):
             build()
+
+
+ZERO_D = [
+    pytest.param("mask", True, id="bool-true"),
+    pytest.param("mask", False, id="bool-false"),
+    pytest.param("mask", 0.75, id="float-mask"),
+    pytest.param("mask", -np.inf, id="float-mask-minus-inf"),
+    pytest.param("bias", 0.75, id="bias"),
+]
+
+
+def _zero_d_expected(q, k, v, kind, value):
+    if kind == "mask" and isinstance(value, bool):
+        return O.attention_oracle(q, k, v, allowed=np.full((1, 1), value))
+    return O.attention_oracle(q, k, v, bias=np.full((1, 1), value))  # a constant bias: weights unchanged
+
+
+@pytest.mark.parametrize("kind,value", ZERO_D)
+@pytest.mark.parametrize("impl", ["reference", "flash", "auto", "torch"])
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_0d_masks_and_biases_broadcast_as_in_sdpa(kind, value, impl, library, rng):
+    q, k, v = make_qkv(rng, (2, 2, 5, 4), (2, 2, 7, 4))
+    out, _, lse = _zero_d_expected(q, k, v, kind, value)
+    dtype = np.bool_ if isinstance(value, bool) else np.float64
+    x = np.array(value, dtype=dtype)
+    args = (q, k, v)
+    if library == "torch":
+        if not HAS_TORCH:
+            pytest.skip("torch not installed")
+        import torch
+
+        args, x = tuple(torch.tensor(a) for a in args), torch.tensor(x)
+    elif impl == "torch":
+        pytest.skip("impl='torch' takes torch tensors")
+    got = qkv.attention(*args, **{kind: x}, impl=impl)
+    assert_close(got, out, tol=1e-11)
+    if impl != "torch":  # SDPA returns no lse
+        got_lse = qkv.attention(*args, **{kind: x}, impl=impl, return_lse=True)[1]
+        assert_close(got_lse, lse, tol=1e-11, name="lse")
+    if library == "numpy":  # a NumPy scalar (np.bool_, np.float64) is a 0-D array too
+        assert_close(qkv.attention(*args, **{kind: dtype(value)}, impl=impl), out, tol=1e-11)

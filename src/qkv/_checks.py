@@ -58,6 +58,8 @@ def check_number(
     """``value`` as a finite ``float`` (``positive``: > 0) within the bounds; else ``error``."""
     what = "a positive finite number" if positive else "a finite number"
     try:
+        if isinstance(value, (str, bytes)):  # float("0.5") parses: a number given as text is a mistake
+            raise TypeError
         v = float(value)
     except (TypeError, ValueError):
         raise error(f"{name} must be {what}{_bounds(minimum, maximum)}, got {value!r}") from None
@@ -176,6 +178,18 @@ def check_dropout(p: float) -> float:
     if v >= 1.0:
         raise ArgumentError(f"dropout must be a probability in [0, 1), got {p!r}")
     return v
+
+
+def check_seed(rng: Any) -> Any:
+    """``rng`` as given, with an int seed of the counter-based dropout generator checked to be in
+    ``0 … 2**64 - 1`` (the generator's 64-bit key); Generators, keys and None pass through."""
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, (bool, np.bool_)):
+        if not 0 <= int(rng) < 2**64:
+            raise ArgumentError(
+                f"rng seed must be an integer in 0..2**64 - 1 (the dropout generator's 64-bit key), got {int(rng)}"
+            )
+        return int(rng)
+    return rng
 
 
 def check_covers(name: str, shape: tuple[int, ...], score_shape: tuple[int, ...]) -> None:

@@ -10,7 +10,16 @@ from typing import Any, NamedTuple
 
 from .. import masks
 from .._backend import as_array, is_bool, is_floating, namespace
-from .._checks import check_choice, check_covers, check_dropout, check_flag, check_int, check_qkv, check_scale
+from .._checks import (
+    check_choice,
+    check_covers,
+    check_dropout,
+    check_flag,
+    check_int,
+    check_qkv,
+    check_scale,
+    check_seed,
+)
 from .._typing import Array, Dims
 from ..errors import ArgumentError, DTypeError, MaskError, ShapeError
 from ..masks import Mask
@@ -53,8 +62,7 @@ def split_mask(mask: Any, causal: bool) -> tuple[Mask | None, Array | None]:
     if mask is None or isinstance(mask, Mask):
         m = mask
     elif hasattr(mask, "dtype") and hasattr(mask, "shape"):
-        if len(mask.shape) == 1:
-            mask = mask[None, :]  # a key-only mask (Nk,) is (1, Nk): every query row the same (API.md)
+        mask = as_2d(mask)
         if is_bool(mask):
             m = masks.from_dense(mask)
         elif is_floating(mask):
@@ -69,6 +77,14 @@ def split_mask(mask: Any, causal: bool) -> tuple[Mask | None, Array | None]:
     if check_flag(causal, "causal"):
         m = masks.causal() if m is None else m & masks.causal()
     return m, bias
+
+
+def as_2d(a: Array) -> Array:
+    """A key-only mask or bias ``(Nk,)`` is ``(1, Nk)``: every query row the same (API.md); a 0-D
+    one is ``(1, 1)``, one value for every score (as SDPA broadcasts it)."""
+    if len(a.shape) == 1:
+        return a[None, :]
+    return a[None, None] if len(a.shape) == 0 else a
 
 
 def check_mask_covers(mask: Mask | None, bias: Array | None, score_shape: tuple[int, ...]) -> None:
@@ -88,8 +104,7 @@ def check_bias(bias: Any, mask_bias: Array | None) -> Array | None:
     if not (hasattr(bias, "dtype") and hasattr(bias, "shape")) or not is_floating(bias):
         what = f"dtype {str(bias.dtype).removeprefix('torch.')}" if hasattr(bias, "dtype") else type(bias).__name__
         raise MaskError(f"bias must be a float array added to the scores, got {what}; a boolean mask goes in mask=")
-    if len(bias.shape) == 1:
-        bias = bias[None, :]
+    bias = as_2d(bias)
     return bias if mask_bias is None else mask_bias + bias
 
 
@@ -171,7 +186,7 @@ def build_call(
         score_mod,
         check_scale(scale, dims.dk),
         check_dropout(dropout),
-        rng,
+        check_seed(rng),
         check_flag(want_weights, "return_weights"),
         check_flag(want_lse, "return_lse"),
         _tiles(tiles),

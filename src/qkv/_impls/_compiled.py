@@ -16,12 +16,12 @@ from typing import Any
 from .. import _native as native
 from .. import masks
 from .._backend import is_floating, namespace
-from .._checks import check_dropout, check_flag, check_qkv, check_scale
+from .._checks import check_dropout, check_flag, check_qkv, check_scale, check_seed
 from .._softmax import with_sinks
 from .._typing import Result
 from ..masks import Mask
 from ..scores import ScoreMod
-from ._call import check_bias, check_sinks
+from ._call import as_2d, check_bias, check_sinks
 
 
 def _mask_recipe(mask: Any, causal: bool, torch: Any) -> tuple[Any, Any] | None:
@@ -34,8 +34,7 @@ def _mask_recipe(mask: Any, causal: bool, torch: Any) -> tuple[Any, Any] | None:
             return None
         recipe = mask.recipe
     elif isinstance(mask, torch.Tensor):
-        if mask.dim() == 1:
-            mask = mask[None, :]  # a key-only mask (Nk,) is (1, Nk)
+        mask = as_2d(mask)  # (Nk,) is (1, Nk); a 0-D one (1, 1)
         if mask.dtype == torch.bool:
             recipe = ("from_dense", (mask,), {})
         elif is_floating(mask):
@@ -105,6 +104,7 @@ def compiled_attention(
         if any(getattr(t, "requires_grad", False) for t in score_mod.tensors):
             return None
     p = check_dropout(dropout)
+    rng = check_seed(rng)
     if p > 0 and rng is None:
         seed = torch.randint(0, 2**62, (), dtype=torch.int64)  # a new draw per call, in the graph
     elif p > 0 and isinstance(rng, int) and not isinstance(rng, bool):
