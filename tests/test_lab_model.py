@@ -1,5 +1,6 @@
 """The lab's Model page: ``POST /api/model`` through FastAPI's TestClient against ``qkv.inspect``
-called directly, its limits (characters, tokens, concurrent runs), and the page in a real
+called directly, its limits (characters, tokens, concurrent runs), the load at the server's start
+that the first requests wait for (never a 429), and the page in a real
 browser (Playwright + Debian's Chromium: type a sentence, hover a token, no console errors, a
 screenshot beside the other pages' ones)."""
 
@@ -82,6 +83,63 @@ def test_a_second_concurrent_run_is_refused(client, monkeypatch):
     first.join(30)
     assert second.status_code == 429 and "max_model_runs=1" in second.json()["message"]
     assert results["first"].status_code == 200
+
+
+def test_the_model_loads_when_the_server_starts_and_a_visit_and_its_reload_wait_for_it(monkeypatch):
+    from qkv.lab import model as lab_model
+
+    started, release, arrived = threading.Event(), threading.Event(), threading.Semaphore(0)
+    real_load, real_loaded = lab_model.load_model, lab_model.ModelRunner.loaded
+
+    def slow_load(model=None):  # a load that lasts until the test says so
+        started.set()
+        assert release.wait(60)
+        return real_load(model)
+
+    def loaded(self):  # a request has come to wait for the model
+        arrived.release()
+        return real_loaded(self)
+
+    monkeypatch.setattr(lab_model, "load_model", slow_load)
+    monkeypatch.setattr(lab_model.ModelRunner, "loaded", loaded)
+    results = {}
+    with TestClient(create_app(preload_model=True)) as c:
+        assert started.wait(30)  # no request yet: the server's start began the load
+        assert c.get("/api/limits").status_code == 200  # and the server answers meanwhile
+        threads = [
+            threading.Thread(target=lambda k=k: results.setdefault(k, c.post("/api/model", json={"text": TEXT})))
+            for k in ("visit", "reload")
+        ]
+        for t in threads:
+            t.start()
+        for _ in threads:
+            assert arrived.acquire(timeout=30)
+        release.set()
+        for t in threads:
+            t.join(120)
+    assert {k: r.status_code for k, r in results.items()} == {"visit": 200, "reload": 200}
+    assert results["reload"].json()["tokens"] == qkv.inspect(TEXT).tokens
+
+
+def test_qkv_lab_starts_loading_its_model_with_the_server(monkeypatch):
+    from typer.testing import CliRunner
+
+    from qkv.cli import app
+    from qkv.lab import app as lab_app
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def create_app_spy(**kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(lab_app, "create_app", create_app_spy)
+    result = CliRunner().invoke(app, ["lab", "--port", "0", "--model", "some/folder"])
+    assert isinstance(result.exception, Stop)
+    assert seen["preload_model"] is True and seen["model"] == "some/folder"
 
 
 def test_model_page_in_a_browser(page, lab, shots):  # noqa: F811

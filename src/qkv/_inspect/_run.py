@@ -32,16 +32,42 @@ def _select(value: Any, total: int, name: str) -> tuple[int, ...]:
     return tuple(kept)
 
 
-def tokenize(loaded: LoadedModel, text: str) -> tuple[list[int], list[str]]:
-    """``(ids, tokens)`` of ``text`` as the model's tokenizer writes them, special tokens included;
-    ``ModelError`` if there are more than the model takes."""
+def check_text(text: Any) -> None:
+    """``ArgumentError`` unless ``text`` is a non-empty string of valid Unicode: checked before a
+    model loads. A lone surrogate comes from invalid UTF-8 (Python keeps the bad bytes as
+    surrogates, e.g. on the command line) or half a UTF-16 pair; tokenizers raise a ``TypeError``."""
     if not isinstance(text, str):
         raise ArgumentError(f"text must be a string, got {type(text).__name__}")
     if not text.strip():
         raise ArgumentError("text is empty: give a sentence to inspect")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        raise ArgumentError(
+            f"text is not valid Unicode: character {e.start} is a lone surrogate (U+{code:04X}), "
+            + ("from a byte that is not UTF-8" if 0xDC80 <= code <= 0xDCFF else "half of a UTF-16 pair")
+            + ": give the text as UTF-8"
+        ) from None
+
+
+def tokenize(loaded: LoadedModel, text: str) -> tuple[list[int], list[str]]:
+    """``(ids, tokens)`` of ``text`` as the model's tokenizer writes them, special tokens included;
+    ``ArgumentError`` for a text ``check_text`` refuses, ``ModelError`` if there are more than the
+    model takes or an id beyond its embeddings (a tokenizer that does not belong to the weights)."""
+    check_text(text)
     ids = [int(i) for i in loaded.tokenizer(text, verbose=False)["input_ids"]]
     if not ids:
         raise ArgumentError(f"the tokenizer of {loaded.name!r} made no tokens of {text[:40]!r}")
+    beyond = [j for j, i in enumerate(ids) if loaded.vocab_size and not 0 <= i < loaded.vocab_size]
+    if beyond:
+        # the embedding lookup would fail with an IndexError deep in torch
+        j = beyond[0]
+        token = loaded.tokenizer.convert_ids_to_tokens([ids[j]])[0]
+        raise ModelError(
+            f"the tokenizer of {loaded.name!r} gives token {j} ({str(token)[:40]!r}) the id {ids[j]}, beyond the "
+            f"model's {loaded.vocab_size} embeddings: its tokenizer does not belong to its weights"
+        )
     if len(ids) > loaded.max_tokens:
         raise ModelError(
             f"the text is {len(ids)} tokens long; {loaded.name} takes at most {loaded.max_tokens} "
@@ -101,6 +127,7 @@ def inspect(text: str, model: Any = None, *, layers: Any = None, heads: Any = No
     (6, 12, 9, 9)
     >>> insp.heads[0].label
     """
+    check_text(text)  # before a model loads for tens of seconds
     loaded = load_model(model)
     ids, tokens = tokenize(loaded, text)
     calls = forward(loaded, ids)

@@ -5,9 +5,13 @@ Parse -> ``qkv.inspect`` (one forward pass, weights captured) -> ``Inspection.ap
 every layer x head, one head at full size with its tokens, the rollout and the approximation
 errors; ``--json`` prints the numbers instead of the table. A progress bar (on stderr) while
 the model loads and runs. Without the ``qkv[model]`` extra the command says what to install
-(exit 1); a missing folder, a folder without a transformers model, a text longer than the
-model takes and an architecture that bypasses transformers' attention interface are one
-``error:`` line each (exit 1). torch, transformers and matplotlib are imported when it runs.
+(exit 1); a missing folder, a folder without a transformers model, a model that needs its own
+Python code (never run: no prompt, stdin is never read), weights only as a pickle (never
+unpickled), a folder without a tokenizer, a corrupt config or weights file, weights whose
+shapes disagree with the config, a tokenizer whose ids the weights do not have, a TEXT that is
+not valid UTF-8, a text longer than the model takes and an architecture that bypasses
+transformers' attention interface are one ``error:`` line each (exit 1), on stderr: stdout
+stays empty. torch, transformers and matplotlib are imported when it runs.
 """
 
 import json
@@ -128,9 +132,10 @@ def inspect_command(
     writes grid.png, head_L{l}_H{h}.png, rollout.png and approximations.png to --out.
     """
     from .. import plot
-    from .._inspect import inspect, load_model
+    from .._inspect import check_text, inspect, load_model
 
     width, height = picture_size(size)
+    check_text(text)  # invalid UTF-8 in TEXT is refused before the model loads
     with _progress(not json_out) as step:
         step("loading the model")
         loaded = load_model(model)

@@ -96,7 +96,11 @@ def lab_command(
     url = f"http://{shown}:{port}/"
     hosts, any_address = hosts_for(host)
     server = make_server(
-        create_app(max_n=max_n, max_steps=max_steps, hosts=hosts, any_address=any_address, model=model), host, port
+        create_app(
+            max_n=max_n, max_steps=max_steps, hosts=hosts, any_address=any_address, model=model, preload_model=True
+        ),
+        host,
+        port,
     )
 
     def announce() -> None:

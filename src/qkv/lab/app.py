@@ -56,6 +56,7 @@ def create_app(
     hosts: Sequence[str] | None = None,
     any_address: bool = False,
     model: str | None = None,
+    preload_model: bool = False,
 ) -> FastAPI:
     """The lab app: the six pages at ``/explain`` ... ``/model``, static files at ``/static``
     and the JSON API at ``/api`` (see ``docs/lab.md``). ``max_n`` caps the positions of the
@@ -65,15 +66,19 @@ def create_app(
     and its ``--host``); a request with another ``Host`` header is refused with 400 (DNS
     rebinding). ``None`` checks nothing: for a ``TestClient`` or an app mounted elsewhere.
     ``any_address`` also accepts any IP address as the host (a wildcard bind). ``model``: the
-    folder (or hub name) the Model page inspects, loaded on its first request (None: the
-    ``qkv[model]`` extra's all-MiniLM-L6-v2)."""
+    folder (or hub name) the Model page inspects (None: the ``qkv[model]`` extra's
+    all-MiniLM-L6-v2); ``preload_model`` starts loading it, in the background, when the server
+    starts (``qkv lab`` does), else its first request does."""
     lim = limits or Limits(max_n=max_n)
     if max_steps is not None:
         lim = Limits(**{**lim.__dict__, "max_steps": max_steps})
     manager = TrainingManager(lim)
+    runner = ModelRunner(lim, model)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if preload_model:
+            runner.start()  # a background thread: the server answers at once, Model requests wait for it
         yield
         manager.stop_all()  # a server shutting down ends its training threads
 
@@ -115,7 +120,7 @@ def create_app(
         message = clipped(f"{type(exc).__name__}: {exc}")
         return JSONResponse({"detail": message, "message": message}, status_code=422)
 
-    app.include_router(build_router(lim, manager, ModelRunner(lim, model)))
+    app.include_router(build_router(lim, manager, runner))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/", include_in_schema=False)

@@ -1,36 +1,76 @@
 """The lab's Model page: ``qkv.inspect`` on the server's one model, bounded like every page.
 
 The model (the ``qkv[model]`` extra's all-MiniLM-L6-v2 unless ``qkv lab --model`` names a
-folder) is loaded on the first request and kept for the life of the server; a request names
-only its text, never a model. A text may have at most ``max_model_chars`` characters and
+folder) is loaded once, in a background thread, and kept for the life of the server: ``qkv
+lab`` starts the load when the server starts (``ModelRunner.start``), otherwise the first
+request does; a request names only its text, never a model. A request that arrives while the
+model loads waits for it, and then for a run slot (up to ``QUEUED`` seconds): the page's first
+request and a reload during the load are both answered, never refused as busy. A model that
+cannot be loaded is refused with the loader's one-line reason (422, or the ``MissingExtra``
+message), on every request. A text may have at most ``max_model_chars`` characters and
 ``max_model_tokens`` tokens (the weights grow as layers x heads x N²); at most
-``max_model_runs`` forward passes run at once, and a request beyond that is refused with 429
-rather than queued. No math here: the numbers are ``Inspection.to_dict()`` and
-``Approximations.to_dict()``.
+``max_model_runs`` forward passes run at once, and once the model is loaded a request beyond
+that is refused with 429 rather than queued. No math here: the numbers are
+``Inspection.to_dict()`` and ``Approximations.to_dict()``.
 """
 
 import threading
 from typing import Any
 
-from .._inspect import inspect, load_model
+from .._inspect import check_text, inspect, load_model
 from .schemas import LabError, Limits, ModelRequest
+
+QUEUED = 120.0
+"""Seconds a request that waited for the model's load then waits for a run slot (before 429)."""
 
 
 class ModelRunner:
-    """The server's model, loaded once, and the bound on concurrent runs."""
+    """The server's model, loaded once in the background, and the bound on concurrent runs."""
 
     def __init__(self, limits: Limits, model: str | None = None) -> None:
         self.limits, self.model = limits, model
         self._runs = threading.BoundedSemaphore(limits.max_model_runs)
-        self._loading = threading.Lock()
+        self._starting = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
         self._loaded: Any = None
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        """Begin loading the model in a background thread (once; later calls do nothing)."""
+        with self._starting:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._load, name="qkv-lab-model", daemon=True)
+                self._thread.start()
+
+    def _load(self) -> None:
+        try:
+            self._loaded = load_model(self.model)
+        except Exception as e:  # kept and raised to every request: a QKVError is a 4xx, a bug a 500
+            self._error = e
+        finally:
+            self._ready.set()
+
+    @property
+    def ready(self) -> bool:
+        """True once the load has finished (loaded or failed)."""
+        return self._ready.is_set()
 
     def loaded(self) -> Any:
-        """The model, loaded on first use (two first requests at once load it once)."""
-        with self._loading:
-            if self._loaded is None:
-                self._loaded = load_model(self.model)
-            return self._loaded
+        """The model: starts the load if nothing has, waits for it, raises what it raised."""
+        self.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error.with_traceback(None)
+        return self._loaded
+
+    def _acquire(self, waited: bool) -> None:
+        lim = self.limits
+        if not (self._runs.acquire(timeout=QUEUED) if waited else self._runs.acquire(blocking=False)):
+            raise LabError(
+                f"the model is busy with max_model_runs={lim.max_model_runs} other run(s); try again in a moment",
+                status=429,
+            )
 
     def run(self, req: ModelRequest) -> dict[str, Any]:
         """``qkv.inspect(req.text)`` and its approximations with ``req.window``, as JSON."""
@@ -39,13 +79,11 @@ class ModelRunner:
             raise LabError(
                 f"text has {len(req.text)} characters, above the lab's limit of max_model_chars={lim.max_model_chars}"
             )
-        if not self._runs.acquire(blocking=False):
-            raise LabError(
-                f"the model is busy with max_model_runs={lim.max_model_runs} other run(s); try again in a moment",
-                status=429,
-            )
+        check_text(req.text)
+        waited = not self.ready
+        loaded = self.loaded()  # outside the run bound: waiting for the load is not a run
+        self._acquire(waited)
         try:
-            loaded = self.loaded()
             n = len(loaded.tokenizer(req.text, verbose=False)["input_ids"])
             if n > lim.max_model_tokens:
                 raise LabError(

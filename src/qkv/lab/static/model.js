@@ -239,7 +239,16 @@
   Lab.live(controls, async () => {
     const body = { text: controls.querySelector("[name=text]").value, window: Lab.value(controls, "window") };
     if (!body.text.trim()) return null;
-    const r = await Lab.api("model", body);
+    // the server loads its model once (tens of seconds on a slow machine): say so until the first answer
+    const summary = document.getElementById("summary");
+    if (!last) summary.textContent = "Loading the model and running it on your text…";
+    let r;
+    try {
+      r = await Lab.api("model", body);
+    } catch (e) {
+      if (!last) summary.textContent = "";
+      throw e;
+    }
     return () => draw(r);
   }, 400);
   controls.dispatchEvent(new Event("change"));
