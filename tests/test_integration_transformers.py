@@ -245,7 +245,9 @@ def test_set_attn_implementation_and_register_idempotent():
 
 
 def test_direct_call_gqa_causal_bottom_right_and_mask_kinds():
-    """The attention function alone: GQA, no mask (bottom-right causal), bool and float masks."""
+    """The attention function alone: GQA; no mask is every key, as in eager attention, whatever
+    ``module.is_causal`` says (qkv never guesses), and bottom-right causal only when the model
+    passes ``is_causal=True``; bool and float masks."""
     g = torch.Generator().manual_seed(2)
     q = torch.randn(2, 4, 3, 8, generator=g)
     k, v = torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
@@ -258,11 +260,13 @@ def test_direct_call_gqa_causal_bottom_right_and_mask_kinds():
         return (w @ vv).transpose(1, 2)
 
     causal = torch.arange(5)[None, :] <= torch.arange(3)[:, None] + 2  # Lq=3 are the last 3 of Lk=5
-    out, w = fn(module, q, k, v, None, scaling=0.5)
+    out, w = fn(module, q, k, v, None, scaling=0.5, is_causal=True)
     assert w is None and out.shape == (2, 3, 4, 8) and out.is_contiguous()
     torch.testing.assert_close(out, expected(torch.where(causal, 0.0, -torch.inf)))
-    module.is_causal = False  # an encoder: no mask means full attention
-    torch.testing.assert_close(fn(module, q, k, v, None, scaling=0.5)[0], expected(torch.zeros(3, 5)))
+    for says in (None, True, False):  # the attribute is not the interface: eager ignores it, so does qkv
+        if says is not None:
+            module.is_causal = says
+        torch.testing.assert_close(fn(module, q, k, v, None, scaling=0.5)[0], expected(torch.zeros(3, 5)))
     allowed = torch.rand(2, 1, 3, 5, generator=g) > 0.3
     allowed[..., 0] = True
     bias = torch.where(allowed, torch.randn(2, 1, 3, 5, generator=g), torch.finfo(torch.float32).min)
@@ -282,17 +286,17 @@ def test_unsupported_kwargs_raise_and_dropout_in_training():
     fn(module, q, k, v, None, deterministic=True)  # ModernBERT's flash-attn switch: harmless, ignored
     sinks = torch.tensor([0.5, -1.0])  # gpt-oss's s_aux: qkv's sinks
     torch.testing.assert_close(
-        fn(module, q, k, v, None, s_aux=sinks)[0], qkv.attention(q, k, v, causal=True, sinks=sinks).transpose(1, 2)
+        fn(module, q, k, v, None, s_aux=sinks)[0], qkv.attention(q, k, v, sinks=sinks).transpose(1, 2)
     )
     bias = torch.randn(1, 2, 4, 4)  # T5's position_bias: qkv's bias
     torch.testing.assert_close(
         fn(module, q, k, v, None, position_bias=bias)[0],
-        qkv.attention(q, k, v, causal=True, bias=bias).transpose(1, 2),
+        qkv.attention(q, k, v, bias=bias).transpose(1, 2),
     )
     with pytest.raises(ArgumentError, match="impl"):
         qt.register(impl="fast")
     base = fn(module, q, k, v, None, dropout=0.5)[0]
-    torch.testing.assert_close(base, qkv.attention(q, k, v, causal=True).transpose(1, 2))  # eval: no dropout
+    torch.testing.assert_close(base, qkv.attention(q, k, v).transpose(1, 2))  # eval: no dropout
     module.train()
     torch.manual_seed(3)
     a = fn(module, q, k, v, None, dropout=0.5)[0]
@@ -319,7 +323,7 @@ def test_import_qkv_integrations_is_light():
 def test_sliding_window_and_padding_reach_qkv_as_structured_masks(padded, monkeypatch):
     """Mistral's window and left padding arrive as qkv Masks (no dense Lq x Lk tensor), and a decode
     step takes the lean path; logits and greedy tokens still equal eager's."""
-    from qkv.integrations._hf_masks import StructuredMask
+    from qkv.integrations._hf_masks import structure_of
 
     seen = []
     real = qt.forward
@@ -335,8 +339,9 @@ def test_sliding_window_and_padding_reach_qkv_as_structured_masks(padded, monkey
     got = run(model, "qkv", ids, am).logits
     keep = am.bool()
     torch.testing.assert_close(got[keep], want[keep], atol=ATOL, rtol=1e-5)
-    assert seen and all(isinstance(m, StructuredMask) for _, m in seen)
-    assert seen[0][1].mask.name.startswith("padding" if padded else "sliding_window(5)")
+    assert seen and all(structure_of(m) is not None for _, m in seen)
+    assert all(m._dense is None for _, m in seen)  # carried, never evaluated: no dense Lq x Lk mask
+    assert structure_of(seen[0][1]).mask.name.startswith("padding" if padded else "sliding_window(5)")
     decode = []
     monkeypatch.setattr(qt, "_decode", lambda *a: decode.append(1) or _real_decode(*a))
     tokens = model.generate(ids, attention_mask=am, max_new_tokens=4, do_sample=False, pad_token_id=0)
@@ -351,3 +356,107 @@ def _real_decode(*a):
     from qkv._impls import decode
 
     return decode(*a)
+
+
+SLIDING = ["MistralConfig", "MixtralConfig", "Phi3Config", "Starcoder2Config", "Qwen3MoeConfig"]
+"""Every architecture the issue found building one sliding-window mask (whose structured mask
+`generate` fed back into transformers' own mask code)."""
+
+
+@pytest.mark.parametrize("window", [4, 4096], ids=["window-4", "window-4096"])
+@pytest.mark.parametrize("config", SLIDING)
+def test_static_cache_generate_with_a_sliding_window_matches_eager(config, window):
+    """`generate(cache_implementation="static")` builds the masks itself and feeds them back as
+    `attention_mask`: what qkv's mask function returns must be a real tensor to transformers'
+    code (it was a qkv object: `TypeError: not subscriptable`), with eager's tokens."""
+    import transformers
+
+    cfg = getattr(transformers, config)(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=1,
+    )  # fmt: skip
+    cfg.sliding_window = window
+    if hasattr(cfg, "use_sliding_window"):
+        cfg.use_sliding_window = True
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="qkv").eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)
+    for padded in (False, True):
+        ids, am = inputs(padded)
+        kw = dict(attention_mask=am, max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
+        model.set_attn_implementation("qkv")
+        got = model.generate(ids, **kw)
+        model.set_attn_implementation("eager")
+        assert torch.equal(got, model.generate(ids, **kw)), (config, window, padded)
+
+
+def test_the_lazy_mask_reads_as_the_dense_mask_it_stands_for():
+    """Whatever code other than qkv reads from the mask (dtype, shape, indexing, arithmetic, a
+    comparison) sees transformers' own `sdpa_mask` values; qkv reads the structure without them."""
+    from transformers.masking_utils import and_masks, causal_mask_function, sdpa_mask, sliding_window_overlay
+
+    from qkv.integrations._hf_masks import structure_of
+
+    am = torch.ones(2, 9, dtype=torch.bool)  # transformers hands the mask function a boolean 2-D mask
+    am[1, :3] = False
+    window = and_masks(sliding_window_overlay(3), causal_mask_function)
+    for fn, attention_mask in ((causal_mask_function, None), (window, None), (window, am), (causal_mask_function, am)):
+        got = qt.mask_function(2, 9, 9, 0, 0, mask_function=fn, attention_mask=attention_mask)
+        want = sdpa_mask(2, 9, 9, 0, 0, mask_function=fn, attention_mask=attention_mask, allow_is_causal_skip=False)
+        s = structure_of(got)
+        assert s is not None and got._dense is None  # nothing evaluated yet
+        assert isinstance(got, torch.Tensor) and got.dtype == torch.bool and got.shape == want.shape == (2, 1, 9, 9)
+        dense = torch.tensor(s.mask.dense(9, 9)).reshape(-1, 1, 9, 9).expand(2, 1, 9, 9)
+        assert torch.equal(dense, want)  # the structure qkv uses is the mask transformers means
+        assert torch.equal(got[:, :, :, :5], want[..., :5]) and structure_of(got[..., :5]) is None
+        assert torch.equal(got.clone(), want) and torch.equal(~got, ~want) and torch.equal(got & want, want)
+        assert torch.equal(torch.where(got, 0.0, -1.0), torch.where(want, 0.0, -1.0))
+
+
+def test_a_missing_mask_never_becomes_causal_by_guess():
+    """Where transformers' mask would be skipped (no padding; sdpa then reads `module.is_causal`),
+    qkv's mask function still says what the mask is: a bidirectional mask gives every key, a
+    causal one the causal mask, whatever the module's attribute."""
+    from transformers.masking_utils import bidirectional_mask_function, causal_mask_function
+
+    from qkv.integrations._hf_masks import structure_of
+
+    full = qt.mask_function(1, 6, 6, 0, 0, mask_function=bidirectional_mask_function, allow_is_bidirectional_skip=True)
+    assert full is not None and structure_of(full).mask is None and bool(full.all())
+    causal = qt.mask_function(1, 6, 6, 0, 0, mask_function=causal_mask_function, allow_is_causal_skip=True)
+    assert causal is not None and torch.equal(causal[0, 0], torch.ones(6, 6, dtype=torch.bool).tril())
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 6, 8, generator=g) for _ in range(3))
+    module = torch.nn.Module().eval()
+    module.is_causal = True  # an attribute that contradicts the mask: the mask wins
+    out = qt.attention_function("auto")(module, q, k, v, full)[0]
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2))
+    module.is_causal = False
+    out = qt.attention_function("auto")(module, q, k, v, causal)[0]
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+    torch.testing.assert_close(out, want)
+
+
+def test_check_model_has_no_side_effects():
+    """transformers caches `_can_set_attn_implementation` on the class asked, and every model reads
+    it back with `getattr`: asked about the base class, it switched the refusal off everywhere."""
+    from transformers import BloomForCausalLM, PreTrainedModel
+
+    from qkv.integrations import _hf_models
+
+    attr = "_can_set_attn_implementation_cached_value"
+    before = {c: c.__dict__.get(attr, "absent") for c in (PreTrainedModel, BloomForCausalLM)}
+    assert "not a model" in qt.check_model(PreTrainedModel)
+    assert "Bloom" in qt.check_model(BloomForCausalLM)
+    assert {c: c.__dict__.get(attr, "absent") for c in before} == before
+    PreTrainedModel._can_set_attn_implementation_cached_value = True  # someone else cached it on the base
+    try:
+        _hf_models._reason.cache_clear()
+        assert "Bloom" in qt.check_model(BloomForCausalLM)  # the class's own source still decides
+        with pytest.raises(ArgumentError, match="Bloom"):
+            _hf_models.refuse(BloomForCausalLM)
+    finally:
+        del PreTrainedModel._can_set_attn_implementation_cached_value
+        _hf_models._reason.cache_clear()

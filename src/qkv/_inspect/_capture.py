@@ -43,20 +43,23 @@ def _numpy(x: Any) -> np.ndarray:
     return np.asarray(x.detach().float().cpu().numpy()[0])
 
 
-def _allowed(mask: Any, module: Any, is_causal: Any, nq: int, nk: int) -> np.ndarray:
-    """The keys each query may attend, by the rule qkv's backend applies (its ``forward``): the
-    mask transformers built (boolean, or float with very negative entries hidden), else causal
-    unless ``is_causal`` or ``module.is_causal`` says otherwise."""
+def _allowed(mask: Any, is_causal: Any, nq: int, nk: int) -> np.ndarray:
+    """The keys each query of the first sequence may attend ``(nq, nk)``, True = may attend, by the
+    rule qkv's backend applies (``layer_mask``, the one rule both read)."""
     import torch
 
-    if mask is None:
-        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    from ..integrations.transformers import layer_mask
+    from ..masks import Mask
+
+    m, causal = layer_mask(mask, nk, is_causal)
+    if m is None:
         full = np.ones((nq, nk), dtype=bool)
         return np.tril(full, nk - nq) if causal else full
-    m = mask[0, 0, :, :nk]
-    if m.dtype != torch.bool:
-        m = m > torch.finfo(m.dtype).min / 2
-    return np.asarray(m.cpu().numpy(), dtype=bool)
+    if isinstance(m, Mask):
+        return np.asarray(m.dense(nq, nk), dtype=bool).reshape(-1, nq, nk)[0]
+    first = m.reshape(-1, *m.shape[-2:])[0].detach().cpu()  # (B, 1|H, Lq, Lk): the first sequence, head
+    allowed = first if first.dtype == torch.bool else first > -float("inf")  # a float bias hides keys with -inf
+    return np.asarray(allowed.numpy(), dtype=bool)
 
 
 def _capturing(base: Any) -> Any:
@@ -76,7 +79,7 @@ def _capturing(base: Any) -> Any:
                 key=_numpy(key),
                 value=_numpy(value),
                 weights=_numpy(weights),
-                allowed=_allowed(attention_mask, module, kwargs.get("is_causal"), nq, nk),
+                allowed=_allowed(attention_mask, kwargs.get("is_causal"), nq, nk),
                 scaling=float(d**-0.5 if scaling is None else scaling),
                 softcap=None if kwargs.get("softcap") is None else float(kwargs["softcap"]),
             )

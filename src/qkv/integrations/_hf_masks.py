@@ -1,35 +1,89 @@
-"""transformers' masks as qkv ``Mask`` objects, instead of a dense ``(B, 1, Lq, Lk)`` boolean tensor.
+"""transformers' masks as qkv ``Mask`` objects carried by the mask tensor itself.
 
-transformers describes a model's mask by a mask function (causal, or causal and a sliding
-window) plus the 2-D padding mask; its ``sdpa_mask`` evaluates that into ``B · Lq · Lk``
+transformers describes a model's mask by a mask function (causal, causal with a sliding window,
+bidirectional) plus the 2-D padding mask; its ``sdpa_mask`` evaluates that into ``B · Lq · Lk``
 booleans, which the flash kernel must then read back and classify tile by tile (~0.35 s per
 layer at N = 8192). Where the description is one qkv has a constructor for, the mask function
-returns a ``StructuredMask`` instead: ``masks.causal()``, ``masks.sliding_window(w)`` or
-``masks.padding(lengths, causal=True, window=w, left=True)``, whose tiles (or per-row key
-intervals) are known analytically. One object serves every layer of a forward pass, so
-whatever the kernel derives from it per shape is computed once (``masks.plan``'s cache).
+returns a *lazy mask tensor* instead: a real ``torch.Tensor`` (boolean, ``(B, 1, Lq, Lk)``, what
+``sdpa_mask`` gives) whose values are only computed when code other than qkv reads them (an
+indexing, ``generate`` feeding it back, a model adding it to its scores), and which carries the
+``Structure`` qkv reads instead: ``masks.causal()``, ``masks.sliding_window(w)``,
+``masks.padding(lengths, causal=True, window=w, left=True)`` or "every key" (a bidirectional mask
+without padding), whose tiles are known analytically. One tensor serves every layer of a forward
+pass, so whatever the kernel derives from it per shape is computed once (``masks.plan``'s cache).
 """
 
-from typing import Any
+from collections.abc import Callable
+from functools import cache
+from typing import Any, NamedTuple
 
 from .. import masks
 from ..masks import Mask
 
 
-class StructuredMask:
-    """The attention mask qkv's mask function hands a model: ``mask`` (a qkv ``Mask``, bottom-right
-    aligned, batch axis from the padding lengths), what it is made of (``window``: the sliding
-    window or None; ``padded``: whether some sequence is left-padded) and the ``shape (B, 1, Lq,
-    Lk)`` of the dense mask it stands for. Only qkv's attention function reads it."""
+class Structure(NamedTuple):
+    """What a lazy mask tensor stands for: ``mask`` (a qkv ``Mask``, bottom-right aligned, batch
+    axis from the padding lengths; None: every key), ``window`` (the sliding window or None) and
+    ``padded`` (whether some sequence is left-padded)."""
 
-    __slots__ = ("mask", "padded", "shape", "window")
-    ndim = 4
+    mask: Mask | None
+    window: int | None
+    padded: bool
 
-    def __init__(self, mask: Mask, shape: tuple[int, int, int, int], window: int | None, padded: bool) -> None:
-        self.mask, self.shape, self.window, self.padded = mask, shape, window, padded
 
-    def __repr__(self) -> str:
-        return f"StructuredMask({self.mask.name}, shape={self.shape})"
+@cache
+def _lazy_type() -> type:
+    """The ``torch.Tensor`` wrapper subclass of lazy masks (defined on first use: torch is imported
+    only by the transformers backend, never by ``import qkv``)."""
+    import torch
+    from torch.utils._pytree import tree_map_only
+
+    class LazyMask(torch.Tensor):
+        """A boolean ``(B, 1, Lq, Lk)`` mask tensor whose values are ``dense()`` (built on first
+        use, once); ``structure`` says what it is to qkv. Every torch operation on it sees the
+        dense values, so any code reads exactly what ``sdpa_mask`` would have given."""
+
+        structure: Structure
+        _build: Callable[[], Any] | None
+        _dense: Any
+
+        @staticmethod
+        def __new__(cls, structure: Structure, shape: tuple[int, ...], build: Callable[[], Any], device: Any) -> Any:
+            t = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.bool, device=device)
+            t.structure, t._build, t._dense = structure, build, None
+            return t
+
+        __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+        def dense(self) -> Any:
+            if self._dense is None:
+                assert self._build is not None
+                self._dense, self._build = self._build(), None
+            return self._dense
+
+        @classmethod
+        def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
+            args, kwargs = tree_map_only(cls, lambda t: t.dense(), (args, kwargs or {}))
+            return func(*args, **kwargs)
+
+        def __repr__(self) -> str:  # type: ignore[override]
+            name = "every key" if self.structure.mask is None else self.structure.mask.name
+            return f"LazyMask({name}, shape={tuple(self.shape)})"
+
+    return LazyMask
+
+
+def lazy(structure: Structure, shape: tuple[int, int, int, int], build: Callable[[], Any], device: Any) -> Any:
+    """A lazy mask tensor of ``shape (B, 1, Lq, Lk)`` standing for ``structure``, with the values
+    ``build()`` returns (computed only if something reads them)."""
+    return _lazy_type()(structure, shape, build, device)
+
+
+def structure_of(mask: Any) -> Structure | None:
+    """The ``Structure`` a lazy mask tensor carries; None for anything else (a plain tensor, a
+    slice of a lazy mask, None)."""
+    s = getattr(mask, "structure", None)
+    return s if isinstance(s, Structure) else None
 
 
 def _window(mask_function: Any) -> tuple[bool, int | None]:
@@ -41,8 +95,6 @@ def _window(mask_function: Any) -> tuple[bool, int | None]:
 
     if mask_function is causal_mask_function:
         return True, None
-    if masks.compiling():  # closures cannot be read while torch traces: the dense mask, as a tensor
-        return False, None
     if getattr(mask_function, "__qualname__", "") != "and_masks.<locals>.and_mask":
         return False, None
     cells = dict(zip(mask_function.__code__.co_freevars, mask_function.__closure__ or (), strict=False))
@@ -73,35 +125,32 @@ def _left_padding_lengths(attention_mask: Any, kv_offset: int, kv_length: int) -
 
 
 def structured(
-    mask_function: Any,
-    q_length: int,
-    kv_length: int,
-    q_offset: Any,
-    kv_offset: Any,
-    attention_mask: Any,
-    skip: bool,
-) -> Any:
-    """A ``StructuredMask`` for the call to qkv's mask function, None where the dense mask (or "no
-    mask") must be built instead.
+    mask_function: Any, q_length: int, kv_length: int, q_offset: Any, kv_offset: Any, attention_mask: Any
+) -> Structure | None:
+    """The ``Structure`` of the mask transformers asks qkv's mask function for, None where the
+    dense mask must be built instead.
 
     Only for queries that are the last ``Lq`` of the ``Lk`` keys (``q_offset + Lq == kv_offset +
     Lk``: a prefill, a decode step against a dynamic or sliding cache), where qkv's bottom-right
-    alignment is the model's; a static cache with unused slots takes the dense path.
+    alignment is the model's; a static cache with unused slots takes the dense path, and so does
+    everything while torch traces (closures and padding values cannot be read then, and the
+    traced program needs a plain tensor).
     """
+    from transformers.masking_utils import bidirectional_mask_function
+
+    if masks.compiling():
+        return None
     if not (isinstance(q_offset, int) and isinstance(kv_offset, int)) or q_offset + q_length != kv_offset + kv_length:
         return None
-    if attention_mask is not None and masks.compiling():
-        return None  # its values (the padding) cannot be read while torch traces: the dense mask, as a tensor
+    if mask_function is bidirectional_mask_function:
+        known, lengths = _left_padding_lengths(attention_mask, kv_offset, kv_length)
+        return Structure(None, None, False) if known and lengths is None else None
     known, window = _window(mask_function)
     if not known:
         return None
     known, lengths = _left_padding_lengths(attention_mask, kv_offset, kv_length)
-    if not known or (lengths is None and window is None and skip):
-        return None  # not expressible, or plain causal: "no mask", which qkv reads as causal
+    if not known:
+        return None
     if lengths is not None:
-        mask = masks.padding(lengths, causal=True, window=window, left=True)
-        batch = len(lengths)
-    else:
-        mask = masks.causal() if window is None else masks.sliding_window(window)
-        batch = 1 if attention_mask is None else int(attention_mask.shape[0])
-    return StructuredMask(mask, (batch, 1, q_length, kv_length), window, lengths is not None)
+        return Structure(masks.padding(lengths, causal=True, window=window, left=True), window, True)
+    return Structure(masks.causal() if window is None else masks.sliding_window(window), window, False)

@@ -46,12 +46,38 @@ def supported_backends(cls: type) -> list[str]:
     return names
 
 
+_CACHED = "_can_set_attn_implementation_cached_value"
+"""Where transformers' ``_can_set_attn_implementation`` caches its answer, on the class it was
+asked about, read back with ``getattr``: an answer cached on a base class (``PreTrainedModel``)
+is every subclass's answer."""
+
+
+def _can_set(cls: type) -> bool:
+    """transformers' own answer for ``cls`` alone, leaving no trace: any cached answer ``cls``
+    inherits is shadowed while asking, and the class attribute is restored afterwards."""
+    own = cls.__dict__.get(_CACHED)
+    if isinstance(own, bool):
+        return own
+    missing = _CACHED not in cls.__dict__
+    setattr(cls, _CACHED, None)  # shadow an inherited answer: this class's own source decides
+    try:
+        return bool(cls._can_set_attn_implementation())  # type: ignore[attr-defined]
+    finally:
+        if missing:
+            delattr(cls, _CACHED)
+        else:
+            setattr(cls, _CACHED, own)
+
+
 @cache
 def _reason(cls: type) -> str | None:
-    can_set = getattr(cls, "_can_set_attn_implementation", None)
-    if can_set is None:
+    if getattr(cls, "_can_set_attn_implementation", None) is None:
         return f"{cls.__name__} is not a transformers PreTrainedModel class"
-    if can_set():
+    from transformers.modeling_utils import PreTrainedModel
+
+    if cls is PreTrainedModel:
+        return f"{cls.__name__} is the base of transformers' models, not a model: pass a model or model class"
+    if _can_set(cls):
         return None
     model_type = getattr(getattr(cls, "config_class", None), "model_type", "") or ""
     symptom = SYMPTOMS.get(model_type, "it would run its own attention code, never qkv's")
@@ -83,9 +109,15 @@ def refuse(model_or_class: Any) -> None:
         raise ArgumentError(why)
 
 
-@cache
+_BY_MODEL_TYPE: dict[str, str | None] = {}
+"""``_model_type_reason``'s answers. A plain dict, not ``functools.cache``: torch's tracer runs a
+cached function's body again (reading modeling sources), but reads a dict entry as a constant."""
+
+
 def _model_type_reason(model_type: str) -> str | None:
     """``check_model`` for the base model class of a config's ``model_type`` (None if unknown)."""
+    if model_type in _BY_MODEL_TYPE:
+        return _BY_MODEL_TYPE[model_type]
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
@@ -93,9 +125,9 @@ def _model_type_reason(model_type: str) -> str | None:
     if isinstance(name, (list, tuple)):
         name = name[0]
     cls = getattr(transformers, name, None) if isinstance(name, str) else None
-    if cls is None or not hasattr(cls, "_can_set_attn_implementation"):
-        return None
-    return _reason(cls)
+    why = None if cls is None or not hasattr(cls, "_can_set_attn_implementation") else _reason(cls)
+    _BY_MODEL_TYPE[model_type] = why
+    return why
 
 
 def refuse_config(config: Any) -> None:
@@ -121,6 +153,7 @@ def install_guard() -> None:
         def get_correct_attn_implementation(self: Any, requested_attention: Any, is_init_check: bool = False) -> Any:
             if requested_attention in QKV_NAMES:
                 refuse(self)
+                refuse_config(getattr(self, "config", None))  # answered now, read while a compiled forward runs
             return get_correct(self, requested_attention, is_init_check)
 
         get_correct_attn_implementation._qkv_guard = True  # type: ignore[attr-defined]

@@ -8,12 +8,11 @@
   ``(out (B, Lq, H, D) contiguous, weights (B, H, Lq, Lk) or None)``, like transformers' own
   ``sdpa_attention_forward``;
 - a mask function (``AttentionMaskInterface``): without one, transformers builds no mask at
-  all for an unknown implementation name. It is transformers' own boolean ``sdpa_mask``
-  (True = may attend, like qkv), except that it returns None (no mask) only where "no mask"
-  means one thing: ``Lq == Lk`` (plain causal) or ``Lq == 1`` (one new token against the
-  cache, attending every key). ``sdpa_mask`` also skips the mask for a prefill into an empty
-  static cache (``Lq < Lk``), relying on SDPA's top-left ``is_causal``; qkv's causal mask is
-  bottom-right (API.md), so that mask is built instead.
+  all for an unknown implementation name. It gives transformers' own boolean ``sdpa_mask``
+  (True = may attend, like qkv) and never None (``sdpa_mask`` skips it where SDPA's
+  ``is_causal`` or "no mask" would do; qkv would then have to guess what the model meant).
+  Where qkv has a constructor for the mask, the tensor is lazy: a real tensor to every reader,
+  computed only if one reads it, and carrying the qkv ``Mask`` the attention function uses.
 
 Then ``AutoModelForCausalLM.from_config(cfg, attn_implementation="qkv")`` and
 ``model.set_attn_implementation("qkv")`` run every attention layer through ``qkv.attention``.
@@ -27,7 +26,7 @@ from typing import Any
 from .._checks import check_impl
 from .._impls import decode as _decode
 from ..errors import ArgumentError, MaskError
-from ._hf_masks import StructuredMask, structured
+from ._hf_masks import lazy, structure_of, structured
 from ._hf_models import QKV_NAMES, install_guard, refuse_config
 from ._hf_models import check_model as check_model
 from ._hf_models import supported_backends as supported_backends
@@ -144,10 +143,14 @@ def forward(
     (grouped heads are not expanded: qkv serves each kv head's ``H // Hkv`` query heads) ->
     ``(out (B, Lq, H, Dv) contiguous, weights (B, H, Lq, Lk) or None)``.
 
-    - ``attention_mask`` None: causal (bottom-right: ``Lq < Lk`` means the queries are the last
-      ``Lq`` positions) unless ``is_causal`` or ``module.is_causal`` is False. A boolean mask
-      (True = may attend) is used as is; a float mask's very negative entries (``<= finfo.min
-      / 2``, transformers' "minus infinity") are hidden keys, other values an additive bias.
+    - ``attention_mask``: what transformers built, read exactly as eager attention reads it. qkv's
+      mask function hands over a lazy mask tensor carrying its structure (``masks.causal()``, a
+      window, left padding), which is used without reading its values; any other boolean mask
+      (True = may attend) is used as is; a float mask's very negative entries (``<= finfo.min /
+      2``, transformers' "minus infinity") are hidden keys, other values an additive bias. None
+      means every key, as in eager attention, unless the model passes ``is_causal=True`` (then
+      causal, bottom-right: ``Lq < Lk`` means the queries are the last ``Lq`` positions); qkv never
+      guesses causality from the module.
     - ``scaling``: the score scale (None: ``1/sqrt(D)``). ``dropout``: applied to the weights
       only while ``module.training``, drawn from torch's global generator (seed it with
       ``torch.manual_seed``; the flash kernel draws its counter-based seed from it).
@@ -168,26 +171,22 @@ def forward(
             f"{type(module).__name__}; use attn_implementation='eager' for this model"
         )
     want_weights = _weights_requested(module, kwargs)
+    structure = structure_of(attention_mask)
     if (
         query.shape[-2] == 1
         and all(kwargs.get(name) is None for name in HONOURED)
         and impl in ("auto", "flash")
         and not (dropout and getattr(module, "training", False))
         and not want_weights
-        and (attention_mask is None or (isinstance(attention_mask, StructuredMask) and not attention_mask.padded))
+        and (attention_mask is None or (structure is not None and not structure.padded))
     ):  # a decode step against the cache: the lean path, as little Python as possible
-        window = None if attention_mask is None else attention_mask.window
+        window = None if structure is None else structure.window
         if window is not None:  # one query, the last of the keys: its window is the last `window` keys
             key, value = key[..., -window:, :], value[..., -window:, :]
         out = _decode(query, key, value, query.shape[-1] ** -0.5 if scaling is None else scaling)
         if out is not None:
             return out.transpose(1, 2).contiguous(), None
-    causal_flag = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    mask: Any
-    if isinstance(attention_mask, StructuredMask):
-        mask = attention_mask.mask  # causal already, when the model is: no causal= below
-    else:
-        mask = None if attention_mask is None else _qkv_mask(attention_mask, key.shape[-2])
+    mask, causal = layer_mask(attention_mask, key.shape[-2], is_causal)
     softcap = kwargs.get("softcap")
     bias = kwargs.get("position_bias")
     if bias is not None:  # T5: (B|1, H, Lq, Lk'), for a longer (static) cache its first Lk keys are these
@@ -197,7 +196,7 @@ def forward(
         key,
         value,
         mask=mask,
-        causal=bool(causal_flag) and attention_mask is None,
+        causal=causal,
         scale=scaling,
         score_mod=None if softcap is None else scores.softcap(softcap),
         dropout=float(dropout) if getattr(module, "training", False) else 0.0,
@@ -230,6 +229,23 @@ def _weights_requested(module: Any, kwargs: dict[str, Any]) -> bool:
         return False
     collected = _active_collector.get()
     return isinstance(collected, dict) and any(key.endswith("attentions") for key in collected)
+
+
+def layer_mask(attention_mask: Any, nk: int, is_causal: bool | None = None) -> tuple[Any, bool]:
+    """``(mask, causal)`` for ``qkv.attention``: the one rule by which the backend (``forward``) and
+    ``qkv.inspect`` read the mask a transformers layer is handed for ``nk`` keys.
+
+    A lazy mask tensor from qkv's mask function gives its qkv ``Mask`` (None: every key); another
+    4-D tensor gives a boolean mask or float bias (``_qkv_mask``); None gives no mask, causal only
+    when the model passed ``is_causal=True`` -- eager attention applies no mask it was not given,
+    and qkv's mask function always gives one, so qkv never infers causality from the module.
+    """
+    structure = structure_of(attention_mask)
+    if structure is not None:
+        return structure.mask, False
+    if attention_mask is None:
+        return None, is_causal is True
+    return _qkv_mask(attention_mask, nk), False
 
 
 def _qkv_mask(mask: Any, nk: int) -> Any:
@@ -267,27 +283,36 @@ def mask_function(
     allow_is_causal_skip: bool = True,
     **kwargs: Any,
 ) -> Any:
-    """The mask registered with ``AttentionMaskInterface``: boolean ``(B, 1, Lq, Lk)`` or None.
+    """The mask registered with ``AttentionMaskInterface``: always a boolean ``(B, 1, Lq, Lk)`` tensor
+    with transformers' ``sdpa_mask`` values (True = may attend; padding, sliding windows, packed
+    sequences and chunked attention included), never None: "no mask" would leave qkv to guess
+    what the model meant.
 
-    transformers' ``sdpa_mask`` (True = may attend; padding, sliding windows, packed sequences and
-    chunked attention included), allowed to return None only when ``Lq == Lk`` or ``Lq == 1``,
-    where qkv's bottom-right causal mask is what the model means.
+    Where qkv has a constructor for the mask (causal, a sliding window, left padding, every key),
+    the tensor is lazy: it carries the qkv ``Mask`` and computes its values only if code other
+    than qkv reads them (``_hf_masks``). ``allow_is_causal_skip`` is accepted and ignored.
     """
+    from functools import partial
+
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
     refuse_config(kwargs.get("config"))  # a model that would misread this mask never gets one
-    skip = bool(allow_is_causal_skip) and (q_length == 1 or q_length == kv_length)
-    fast = structured(mask_function, q_length, kv_length, q_offset, kv_offset, attention_mask, skip)
-    if fast is not None:
-        return fast
-    return sdpa_mask(
+    mask_function = mask_function or causal_mask_function
+    kwargs.pop("allow_is_bidirectional_skip", None)
+    dense = partial(
+        sdpa_mask,
         batch_size=batch_size,
         q_length=q_length,
         kv_length=kv_length,
         q_offset=q_offset,
         kv_offset=kv_offset,
-        mask_function=mask_function or causal_mask_function,
+        mask_function=mask_function,
         attention_mask=attention_mask,
-        allow_is_causal_skip=skip,
+        allow_is_causal_skip=False,  # its bidirectional skip is off by default
         **kwargs,
     )
+    structure = structured(mask_function, q_length, kv_length, q_offset, kv_offset, attention_mask)
+    if structure is None:
+        return dense()
+    device = kwargs.get("device", attention_mask.device if attention_mask is not None else "cpu")
+    return lazy(structure, (batch_size, 1, q_length, kv_length), dense, device)
