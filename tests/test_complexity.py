@@ -241,3 +241,16 @@ def test_numbers_are_monotone_in_n():
     assert all(a < b for a, b in zip(flops, flops[1:], strict=False))
     assert math.isclose(flops[-1] / flops[-2], 4, rel_tol=0.3)
     assert np.all(np.diff([estimate(n).peak_bytes for n in (256, 512, 1024)]) > 0)
+
+
+def test_sizes_beyond_what_any_call_indexes_are_typed_errors():
+    from qkv import masks
+    from qkv.errors import ShapeError
+
+    with pytest.raises(ArgumentError, match=r"n_q must be at most 2147483647, got 10{30}"):
+        estimate(10**30, impl="flash", mask=masks.causal())
+    with pytest.raises(ArgumentError, match=r"n_k must be at most"):
+        estimate(8, n_k=2**40)
+    big = 2**31 - 1
+    with pytest.raises(ShapeError, match=r"q would hold .* elements \(batch, heads, N, D\)"):
+        estimate(big, heads=big, batch=big, d_k=big)

@@ -104,3 +104,40 @@ def test_0d_masks_and_biases_broadcast_as_in_sdpa(kind, value, impl, library, rn
         assert_close(got_lse, lse, tol=1e-11, name="lse")
     if library == "numpy":  # a NumPy scalar (np.bool_, np.float64) is a 0-D array too
         assert_close(qkv.attention(*args, **{kind: dtype(value)}, impl=impl), out, tol=1e-11)
+
+
+def test_padding_lengths_of_two_batch_sizes_are_a_mask_error():
+    with pytest.raises(MaskError, match=r"q_lengths has B=3 entries on axis 0 but kv_lengths has B=2"):
+        masks.padding([3, 4], q_lengths=[1, 2, 3])
+    masks.padding([3, 4], q_lengths=[2])  # one length for every batch element broadcasts
+    masks.padding([3], q_lengths=[1, 2, 3])
+
+
+@pytest.mark.parametrize("dtype", [np.uint64, np.int64])
+def test_lengths_beyond_any_sequence_are_a_mask_error_not_a_wrapped_negative(dtype):
+    big = np.array([2**63 + 5 if dtype == np.uint64 else 2**62 + 1, 3], dtype=dtype)
+    for build in (lambda: masks.padding(big), lambda: masks.padding([3, 3], q_lengths=big)):
+        with pytest.raises(MaskError, match=r"lengths must be at most 4611686018427387904 .*got"):
+            build()
+    ok = masks.padding(np.array([2**62, 3], dtype=dtype)).dense(4, 4)  # a length beyond Nk: every key
+    assert ok[0].all() and ok[1, 0, :, :3].all() and not ok[1, 0, :, 3].any()
+
+
+def test_a_four_argument_from_fn_with_extra_leading_axes_is_a_mask_error(rng):
+    q, k, v = make_qkv(rng, (2, 2, 4, 8), (2, 2, 4, 8))
+    extra = masks.from_fn(lambda b, h, i, j: np.ones((5, 1, 1, 1, 1), dtype=bool) & (i >= j))
+    with pytest.raises(MaskError, match=r"returned shape \(5, 1, 1, 1, 1\).*\(2, 2, 1, 1\) \(more axes than"):
+        qkv.attention(q, k, v, mask=extra)
+    fine = masks.from_fn(lambda b, h, i, j: np.ones((1, 1, 1, 1), dtype=bool) & (i >= j))
+    assert_close(qkv.attention(q, k, v, mask=fine), qkv.attention(q, k, v, causal=True), tol=1e-12)
+
+
+@pytest.mark.parametrize("nq,nk,bad", [(-1, 4, "nq"), (4, -2, "nk"), (2.5, 4, "nq"), (4, "4", "nk")])
+def test_negative_or_non_integer_sizes_are_a_mask_error(nq, nk, bad):
+    for call, where in (
+        (lambda m: m.dense(nq, nk), "Mask.dense"),
+        (lambda m: m.blocks(nq, nk, 2, 2), "Mask.blocks"),
+        (lambda m: m.intervals(nq, nk), "Mask.intervals"),
+    ):
+        with pytest.raises(MaskError, match=rf"{where} {bad} must be an integer"):
+            call(masks.causal())

@@ -13,6 +13,7 @@ pair the mask allows (``mask_pairs``: the useful work, the same credit for every
 implementation), or every pair of every tile a tiled kernel keeps (``tile_pairs``).
 """
 
+import math
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -42,19 +43,36 @@ class Sizes(NamedTuple):
     dtype: str
 
 
+MAX_SIZE = 2**31 - 1
+"""Largest size an estimate takes on any axis: what the kernels index per axis (and the masks'
+``MAX_LENGTH``); beyond it no call can run, and the estimate's per-tile-row arrays would not fit."""
+MAX_ELEMENTS = 2**62
+"""Largest element count of one (zero-memory) input the estimate builds: int64 indexing."""
+
+
 def check_sizes(
     n_q: Any, n_k: Any, d_k: Any, d_v: Any, heads: Any, kv_heads: Any, batch: Any, dtype: Any, q_name: str = "n_q"
 ) -> Sizes:
     """Validate a configuration (defaults: ``n_k = n_q``, ``d_v = d_k``, ``kv_heads = heads``)."""
-    nq = check_int(n_q, q_name, minimum=1)
-    nk = nq if n_k is None else check_int(n_k, "n_k", minimum=1)
-    dk = check_int(d_k, "d_k", minimum=1)
-    dv = dk if d_v is None else check_int(d_v, "d_v", minimum=1)
-    h, b = check_int(heads, "heads", minimum=1), check_int(batch, "batch", minimum=1)
-    hkv = h if kv_heads is None else check_int(kv_heads, "kv_heads", minimum=1)
+
+    def size(value: Any, name: str) -> int:
+        return check_int(value, name, minimum=1, maximum=MAX_SIZE)
+
+    nq = size(n_q, q_name)
+    nk = nq if n_k is None else size(n_k, "n_k")
+    dk = size(d_k, "d_k")
+    dv = dk if d_v is None else size(d_v, "d_v")
+    h, b = size(heads, "heads"), size(batch, "batch")
+    hkv = h if kv_heads is None else size(kv_heads, "kv_heads")
     if h % hkv:
         raise ShapeError(f"heads={h} is not a multiple of kv_heads={hkv}: each kv head serves H // Hkv query heads")
     check_choice(dtype, "dtype", tuple(ITEMSIZE), error=DTypeError)
+    for name, shape in (("q", (b, h, nq, dk)), ("k", (b, hkv, nk, dk)), ("v", (b, hkv, nk, dv))):
+        if math.prod(shape) > MAX_ELEMENTS:
+            raise ShapeError(
+                f"{name} would hold {math.prod(shape):.3g} elements (batch, heads, N, D) = {shape}, "
+                f"beyond the {MAX_ELEMENTS:.3g} an array can index"
+            )
     return Sizes(nq, nk, dk, dv, h, hkv, b, dtype)
 
 

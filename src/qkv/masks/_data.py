@@ -186,7 +186,7 @@ def from_fn(fn: Callable[..., Any], name: str | None = None) -> Mask:
     label = name or f"from_fn({getattr(fn, '__name__', 'fn')})"
     arity = _positional_arity(fn, label)
 
-    def checked(r: Any, want: tuple[int, ...], grids: str) -> np.ndarray:
+    def checked(r: Any, want: tuple[int, ...], grids: str, full: bool = False) -> np.ndarray:
         a = np.asarray(to_numpy(r) if hasattr(r, "shape") else r)
         if a.dtype != np.bool_:
             raise MaskError(
@@ -197,9 +197,12 @@ def from_fn(fn: Callable[..., Any], name: str | None = None) -> Mask:
             fits = np.broadcast_shapes(a.shape, want)[-len(want) :] == want
         except ValueError:
             fits = False
+        if full and a.ndim > len(want):  # fn(b, h, i, j) is called on the whole (*B, H, rows, cols)
+            fits = False
         if not fits:
+            extra = " (more axes than the call's (*B, H, rows, cols))" if full and a.ndim > len(want) else ""
             raise MaskError(
-                f"{label} returned shape {a.shape}, which does not broadcast to {want} "
+                f"{label} returned shape {a.shape}, which does not broadcast to {want}{extra} "
                 f"of the index grids it was called on ({grids})"
             )
         return a
@@ -217,7 +220,7 @@ def from_fn(fn: Callable[..., Any], name: str | None = None) -> Mask:
 
         def allowed_bh(i, j, nq, nk):
             want = (*lead, i.shape[0], j.shape[-1])
-            a = checked(fn(b, h, i, j), want, f"b: {b.shape}, h: {h.shape}, i: {i.shape}, j: {j.shape}")
+            a = checked(fn(b, h, i, j), want, f"b: {b.shape}, h: {h.shape}, i: {i.shape}, j: {j.shape}", True)
             a = np.broadcast_to(a, np.broadcast_shapes(a.shape, want))
             return a.reshape(want)  # 2-D calls (no head axis): the size-1 batch and head axes go
 

@@ -66,6 +66,7 @@ class Mask:
     def intervals(self, nq: int, nk: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Each query row's allowed keys ``[lo, hi)``: int64 ``(..., nq)`` each, or None when the
         mask is not one interval per row (``|``, ``~``, global tokens, random blocks, arrays, functions)."""
+        nq, nk = sizes(nq, nk, "Mask.intervals")
         if self.rows is None:
             return None
         lo, hi = self.rows(np.arange(nq), nq, nk)
@@ -74,6 +75,7 @@ class Mask:
 
     def dense(self, nq: int, nk: int) -> np.ndarray:
         """The boolean matrix, NumPy ``(..., nq, nk)`` (leading axes only for batch-dependent masks)."""
+        nq, nk = sizes(nq, nk, "Mask.dense")
         return self.tile(0, nq, 0, nk, nq, nk)
 
     def tile(self, q0: int, q1: int, k0: int, k1: int, nq: int, nk: int) -> np.ndarray:
@@ -93,6 +95,7 @@ class Mask:
         masks combined with ``&`` / ``|`` (a PARTIAL tile is still computed correctly).
         ``rows=(r0, r1)`` classifies only tile rows ``r0 … r1 - 1`` (to bound memory).
         """
+        nq, nk = sizes(nq, nk, "Mask.blocks")
         for name, b in (("block_q", block_q), ("block_k", block_k)):
             check_int(b, f"Mask.blocks {name}", minimum=1, error=MaskError)
         nbq = -(-nq // block_q)
@@ -156,6 +159,11 @@ class Mask:
         if self.bind is not None:
             return f"Mask {self.name} (depends on the batch and head index: draw mask.bound((B, H)))"
         return f"Mask {self.name}\n{picture(self)}"
+
+
+def sizes(nq: Any, nk: Any, where: str) -> tuple[int, int]:
+    """``(Nq, Nk)`` as ints ``>= 0`` (``MaskError`` naming the size otherwise)."""
+    return tuple(check_int(n, f"{where} {name}", minimum=0, error=MaskError) for n, name in ((nq, "nq"), (nk, "nk")))  # type: ignore[return-value]
 
 
 def picture(mask: Mask, nq: int | None = None, nk: int | None = None, crop: int = 16) -> str:

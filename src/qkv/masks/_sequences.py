@@ -93,6 +93,8 @@ def _lengths(x: Any, name: str) -> np.ndarray:
     a = np.array(to_numpy(x) if hasattr(x, "shape") else x)
     if a.ndim > 1 or not np.issubdtype(a.dtype, np.integer) or (a < 0).any():
         raise MaskError(f"{name} must be non-negative integers of shape (B,) or a single integer, got {a!r}")
+    if a.size and int(a.max()) > UNBOUNDED:  # uint64 beyond int64 would wrap to a negative length
+        raise MaskError(f"{name} must be at most {UNBOUNDED} (far beyond any sequence), got {int(a.max())}")
     return a.astype(np.int64).reshape(-1, 1, 1) if a.ndim == 1 else a.astype(np.int64)
 
 
@@ -122,6 +124,11 @@ def padding(
     """
     kl = _lengths(kv_lengths, "kv_lengths")
     ql = None if q_lengths is None else _lengths(q_lengths, "q_lengths")
+    if ql is not None and ql.ndim == kl.ndim == 3 and len(ql) != len(kl) and 1 not in (len(ql), len(kl)):
+        raise MaskError(
+            f"q_lengths has B={len(ql)} entries on axis 0 but kv_lengths has B={len(kl)}; they give one "
+            f"sequence per batch element (q_lengths: ({len(ql)},), kv_lengths: ({len(kl)},))"
+        )
     lw, rw = window_sides(window, causal, "padding")
     left = check_flag(left, "padding left", error=MaskError)
 
