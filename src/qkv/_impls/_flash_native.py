@@ -20,7 +20,7 @@ from .._backend import dtype_name, is_jax, is_torch, namespace, unbroadcast
 from .._finite import overflow_error
 from .._heads import cast
 from .._typing import Array, Result
-from ..positional import alibi_slopes
+from ..scores import kernel_ops
 from ._call import Call
 
 if TYPE_CHECKING:
@@ -61,16 +61,10 @@ def _mods(c: Call) -> tuple[tuple[Any, ...], ...]:
     if c.score_mod is None:
         return ()
     assert c.score_mod.native is not None
-    h = c.dims.h if c.dims.has_heads else 1
-    ops: list[tuple[Any, ...]] = []
-    for op in c.score_mod.native:
-        if op[0] == "alibi":
-            slopes = alibi_slopes(h) if op[1] is None else op[1]
-            ops.append(("alibi", _table(slopes)))
-        elif op[0] == "relbias":
-            ops.append(("relbias", _table(op[1]), op[2]))
-        else:
-            ops.append(op)
+    lead = c.dims.score_shape[:-2] if c.dims.has_heads else ()
+    ops = []
+    for op in kernel_ops(c.score_mod.native, lead):  # slopes and tables checked against H, batch flattened
+        ops.append((op[0], _table(op[1]), *op[2:]) if op[0] in ("alibi", "relbias") else op)
     return tuple(ops)
 
 

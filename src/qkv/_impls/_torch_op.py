@@ -16,7 +16,6 @@ The operators exist once this module is imported (by the first torch call that n
 
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -24,7 +23,7 @@ from .. import _native as native
 from .. import masks
 from .._finite import overflow_error
 from ..errors import MaskError
-from ..positional import alibi_slopes
+from ..scores import kernel_ops
 from ._plan import threads
 
 
@@ -38,13 +37,9 @@ def encode_mods(native_ops: Any) -> tuple[str, list[Tensor]]:
     return code, [t if isinstance(t, Tensor) else torch.as_tensor(t) for t in tables]
 
 
-def _mods(code: str, tables: list[Tensor], h: int) -> tuple[tuple[Any, ...], ...]:
-    out = []
-    for op in masks.decode_tree(code, [t.detach().contiguous() for t in tables]):
-        if op[0] == "alibi" and op[1] is None:
-            op = ("alibi", np.ascontiguousarray(alibi_slopes(h)))
-        out.append(tuple(op))
-    return tuple(out)
+def _mods(code: str, tables: list[Tensor], lead: list[int]) -> tuple[tuple[Any, ...], ...]:
+    ops = masks.decode_tree(code, [t.detach().contiguous() for t in tables])
+    return kernel_ops(tuple(tuple(op) for op in ops), tuple(int(x) for x in lead))
 
 
 def _mask_args(code: str, data: list[Tensor], lead: list[int], q: Tensor, k: Tensor, v: Tensor) -> dict[str, Any]:
@@ -83,7 +78,7 @@ def _kernel_kwargs(
 ) -> dict[str, Any]:
     kw = dict(
         scale=scale,
-        mods=_mods(mods_code, mod_tables, q.shape[1]),
+        mods=_mods(mods_code, mod_tables, lead),
         bias=None if bias is None else bias.detach(),
         dropout_p=dropout,
         seed=int(seed.item()) & 0xFFFFFFFFFFFFFFFF if dropout > 0 else 0,

@@ -22,6 +22,7 @@ from ._functions import general_backward as general_backward
 from ._mod import ScoreMod as ScoreMod
 from ._mod import through as through
 from ._mods import alibi as alibi
+from ._mods import kernel_ops as kernel_ops
 from ._mods import relative_bias as relative_bias
 from ._mods import softcap as softcap
 from ._mods import temperature as temperature

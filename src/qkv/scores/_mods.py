@@ -55,6 +55,56 @@ def alibi(slopes: Any = None, n_heads: int | None = None) -> ScoreMod:
     return additive_mod(bias, f"alibi(slopes={shown})", (slopes,) if is_array(slopes) else (), (("alibi", table),))
 
 
+def kernel_ops(native: tuple[tuple[Any, ...], ...], lead: tuple[int, ...]) -> tuple[tuple[Any, ...], ...]:
+    """A mod's compiled-kernel ops (``ScoreMod.native``) for a call whose scores are
+    ``(*lead, Nq, Nk)`` (``lead = (*B, H)``, or ``()`` without heads): default ALiBi slopes
+    resolved, every table checked against ``H`` (the ``ShapeError`` the reference raises, not
+    the kernel's bare one), and per-batch slopes ``(B, H)`` spread over several batch axes the
+    kernel sees flattened."""
+    from ..positional import alibi_slopes
+
+    *batch, h = lead if lead else (1,)
+    out = []
+    for op in native:
+        if op[0] == "alibi":
+            t = np.ascontiguousarray(alibi_slopes(h)) if op[1] is None else op[1]
+            op = ("alibi", _per_batch(_heads_checked(t, h, lead, "alibi slopes"), batch, lead))
+        elif op[0] == "relbias":
+            op = ("relbias", _heads_checked(op[1], h, lead, "relative_bias table", axis=0), op[2])
+        out.append(op)
+    return tuple(out)
+
+
+def _heads_checked(t: Any, h: int, lead: tuple[int, ...], what: str, axis: int = -1) -> Any:
+    shape = tuple(t.shape)
+    if shape[axis] not in (1, h):
+        raise ShapeError(
+            f"{what} has {shape[axis]} heads on axis {axis % len(shape)} but the scores have H={h} on axis -3 "
+            f"({what}: {shape}, scores' (*B, H): {tuple(lead)})"
+        )
+    return t
+
+
+def _per_batch(slopes: Any, batch: list[int], lead: tuple[int, ...]) -> Any:
+    """Slopes ``(H,)`` as they are; ``(Bm, H)`` checked against the last batch axis (as the
+    reference broadcasts them) and spread to ``(prod(B), H)`` over the flattened batch."""
+    shape = tuple(slopes.shape)
+    if len(shape) == 1:
+        return slopes
+    if not batch or shape[0] not in (1, batch[-1]):
+        need = f"B = 1 or B = {batch[-1]} (the last batch axis)" if batch else "scores (B, H, Nq, Nk)"
+        raise ShapeError(
+            f"alibi slopes have shape {shape} (B, H) but the scores' leading axes (*B, H) are {tuple(lead)}: "
+            f"per-batch slopes need {need}"
+        )
+    if shape[0] == 1 or len(batch) == 1:
+        return slopes
+    full = (*batch, shape[-1])
+    if is_torch(slopes):
+        return slopes.expand(full).reshape(-1, shape[-1]).contiguous()
+    return np.ascontiguousarray(np.broadcast_to(np.asarray(slopes), full).reshape(-1, shape[-1]))
+
+
 def relative_bias(table: Any, max_distance: int) -> ScoreMod:
     """A learned bias per clipped relative distance (Shaw et al., arXiv:1803.02155; T5).
 
