@@ -12,6 +12,11 @@ All batch and head axes go through each tile's matmul at once, so the Python loo
 tiles only; grouped heads stack each kv head's query heads along the rows
 (``(*B, Hkv, H/Hkv · bq, D)``), so K and V are never copied.
 
+Sums that run over many tiles (``acc`` and ``l`` over key tiles forward; ``dQ`` over key tiles,
+``dK`` and ``dV`` over query blocks backward) add each tile's result with a compensated (Kahan)
+addition (``_kahan``): the rounding of a float32 result then stays that of one tile's matmul at
+every length, instead of growing with the number of tiles.
+
 Output rows and gradient blocks are written into preallocated arrays through ``set_`` /
 ``iadd_`` (``_backend``): in place for NumPy and torch, ``x.at[rows].set`` for immutable JAX
 arrays; which of the two is decided once per call.
@@ -31,6 +36,7 @@ from .._backend import (
     iadd_,
     imul_,
     in_place,
+    is_torch,
     namespace,
     set_,
     unbroadcast,
@@ -116,6 +122,24 @@ def _values(xp: Any, p: Array, vb: Array, bad: Array | None) -> Array:
     return xp.where(reads[..., None], p @ vb, p @ zeroed(xp, vb, bad))
 
 
+def _kahan(acc: Array, comp: Array, t: Array, alpha: Any = None) -> tuple[Array, Array]:
+    """``acc · alpha + t`` (alpha None: 1) with the Kahan carry ``comp`` rescaled along: returns
+    the new ``(acc, comp)``. Each tile is summed from zero by its matmul and the tiles meet here,
+    so N keys err like one tile's sum, not like ``N / block_k`` rounded additions."""
+    a = acc if alpha is None else acc * alpha
+    y = t - (comp if alpha is None else comp * alpha)
+    s = a + y
+    return s, (s - a) - y
+
+
+def _wide_dtype(xp: Any, x: Array, ct: Any) -> Any:
+    """float64 where the library has it on ``x``'s device (NumPy; torch on the CPU), else ``ct``:
+    the dtype ``D = rowsum(dO ∘ O)`` is summed in (JAX without x64, GPUs keep ``ct``)."""
+    if isinstance(x, np.ndarray) or (is_torch(x) and x.device.type == "cpu"):
+        return xp.float64
+    return ct
+
+
 def _blocks(n: int, size: int) -> list[tuple[int, int]]:
     return [(a, min(a + size, n)) for a in range(0, n, size)]
 
@@ -137,6 +161,7 @@ def forward(c: Call, block_q: int, block_k: int, classes: np.ndarray) -> Result:
         m = xp.full((*lead, q1 - q0, 1), -float("inf"), dtype=ct)
         l = xp.zeros((*lead, q1 - q0, 1), dtype=ct)
         acc = xp.zeros((*lead, q1 - q0, d.dv), dtype=ct)
+        acc_c, l_c = xp.zeros_like(acc), xp.zeros_like(l)  # Kahan carries (_kahan)
         for bj in np.flatnonzero(classes[bi] != masks.EMPTY):
             k0, k1 = kblocks[bj]
             s, _ = tiles.scores(q0, q1, k0, k1, int(classes[bi, bj]))
@@ -147,11 +172,11 @@ def forward(c: Call, block_q: int, block_k: int, classes: np.ndarray) -> Result:
             vb = vg[..., k0:k1, :]
             if vb.dtype != ct:
                 vb = xp.astype(vb, ct)
-            l = l * alpha + xp.sum(p, axis=-1, keepdims=True)  # the denominator sees every weight
+            l, l_c = _kahan(l, l_c, xp.sum(p, axis=-1, keepdims=True), alpha)  # the denominator sees every weight
             if c.dropout > 0:  # only what reaches V is dropped (inverted dropout, arXiv:2307.08691 §3.1)
                 p = tiles.dropped(p, q0, q1, k0, k1)
             bad = None if bad_v is None else bad_v[..., k0:k1]
-            acc = acc * alpha + ungroup(xp, _values(xp, group_q(xp, p, d), vb, bad), d)
+            acc, acc_c = _kahan(acc, acc_c, ungroup(xp, _values(xp, group_q(xp, p, d), vb, bad), d), alpha)
             m = m_new
             del s, p  # free this tile before the next one is allocated: one score tile alive, not two
         o, row_lse = finalise(xp, acc, l, m)
@@ -210,18 +235,25 @@ def backward(
     dq = xp.zeros((*lead, d.nq, d.dk), dtype=ct)
     dk = xp.zeros((*kv_lead, d.nk, d.dk), dtype=ct)
     dv = xp.zeros((*kv_lead, d.nk, d.dv), dtype=ct)
+    dk_c, dv_c = xp.zeros_like(dk), xp.zeros_like(dv)  # Kahan carries over the query blocks (_kahan)
+    wide = _wide_dtype(xp, c.q, ct)
     db_bias = xp.zeros(tuple(c.bias.shape), dtype=ct) if dbias and c.bias is not None else None
     kblocks = _blocks(d.nk, block_k)
     for bi, (q0, q1) in enumerate(_blocks(d.nq, block_q)):
         dob, sh = cast(xp, dout[..., q0:q1, :], ct), shift[..., q0:q1, :]
-        db = xp.sum(dob * cast(xp, out[..., q0:q1, :], ct), axis=-1, keepdims=True)  # D = rowsum(dO ∘ O)
+        # D = rowsum(dO ∘ O), in float64 where available: where a row is nearly one-hot, dA − D is
+        # a rounding residue that |q| then scales into dK (docs/flash.md, "Accuracy")
+        dw, ow = cast(xp, dout[..., q0:q1, :], wide), cast(xp, out[..., q0:q1, :], wide)
+        db = xp.sum(dw * ow, axis=-1, keepdims=True)
         if dlse is not None:
-            db = db - cast(xp, dlse[..., q0:q1], ct)[..., None]
+            db = db - cast(xp, dlse[..., q0:q1], wide)[..., None]
+        db = cast(xp, db, ct)
         dog = group_q(xp, dob, d)
         qb = group_q(xp, c.q[..., q0:q1, :], d)
         if qb.dtype != ct:
             qb = xp.astype(qb, ct)
         dq_acc = xp.zeros((*lead, q1 - q0, d.dk), dtype=ct)
+        dq_c = xp.zeros_like(dq_acc)
         for bj in np.flatnonzero(classes[bi] != masks.EMPTY):
             k0, k1 = kblocks[bj]
             s, grad = tiles.scores(q0, q1, k0, k1, int(classes[bi, bj]))
@@ -234,22 +266,28 @@ def backward(
             rows = (..., slice(k0, k1), slice(None))
             da = ungroup(xp, dog @ vb.mT, d)  # dA of the weights that reached V
             if c.dropout > 0:  # the same mask as the forward pass: O = (A ∘ Z) V, Z = keep / (1 − p)
-                dv = iadd_(dv, rows, group_q(xp, tiles.dropped(a, q0, q1, k0, k1), d).mT @ dog, inplace)
+                dv, dv_c = _add_rows(dv, dv_c, rows, group_q(xp, tiles.dropped(a, q0, q1, k0, k1), d).mT @ dog, inplace)
                 da = tiles.dropped(da, q0, q1, k0, k1)
             else:
-                dv = iadd_(dv, rows, group_q(xp, a, d).mT @ dog, inplace)
+                dv, dv_c = _add_rows(dv, dv_c, rows, group_q(xp, a, d).mT @ dog, inplace)
             ds = a * (da - db)  # D = rowsum(dO ∘ O) = rowsum(dA ∘ A) with or without dropout
             if db_bias is not None:  # the bias is added after the score mod: its gradient is dS itself
                 db_bias = _add_bias_grad(xp, db_bias, ds, q0, q1, k0, k1, inplace)
             ds = through(ds, grad)
-            dq_acc = dq_acc + ungroup(xp, group_q(xp, ds, d) @ kb, d)
-            dk = iadd_(dk, rows, group_q(xp, ds, d).mT @ qb, inplace)
+            dq_acc, dq_c = _kahan(dq_acc, dq_c, ungroup(xp, group_q(xp, ds, d) @ kb, d))
+            dk, dk_c = _add_rows(dk, dk_c, rows, group_q(xp, ds, d).mT @ qb, inplace)
             del s, a, ds, grad  # free this tile's arrays before the next tile's
         dq = set_(dq, (..., slice(q0, q1), slice(None)), dq_acc, inplace)
     dq = imul_(dq, c.scale, inplace)  # in place: no second N x D buffer
     dk = imul_(dk, c.scale, inplace)
     grads = tuple(cast(xp, unbroadcast(xp, g, tuple(x.shape)), x.dtype) for g, x in ((dq, c.q), (dk, c.k), (dv, c.v)))
     return grads if db_bias is None else (*grads, cast(xp, db_bias, c.bias.dtype))  # type: ignore[union-attr]
+
+
+def _add_rows(x: Array, comp: Array, rows: Any, t: Array, inplace: bool) -> tuple[Array, Array]:
+    """``x[rows] += t`` compensated (``_kahan``), the carry in ``comp[rows]``."""
+    s, cs = _kahan(x[rows], comp[rows], t)
+    return set_(x, rows, s, inplace), set_(comp, rows, cs, inplace)
 
 
 def _add_bias_grad(xp: Any, dbias: Array, ds: Array, q0: int, q1: int, k0: int, k1: int, inplace: bool) -> Array:

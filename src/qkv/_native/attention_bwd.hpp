@@ -25,12 +25,14 @@ inline namespace QKV_NS {
 template <class T> struct BwdBufs {
   using C = typename Compute<T>::type;
   C *kc, *vc, *dka, *dva, *qs, *dos, *qt, *dot, *pt, *dst, *dfac, *addt, *zt, *dqt;
+  C *dtile, *dkc, *dvc;  // one query block's dK or dV, and the Kahan carries of dK, dV
   static constexpr int64_t W = kBlockQ;  // row stride of the block-wide P^T / dS^T tiles
   static size_t bytes(const Params& P) {
     const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes);
     const int64_t e = 2 * P.bk * dkp + 2 * P.bk * dvp + W * dkp + W * dvp + 4 * P.Dk * kLanes + 4 * P.Dv * kLanes +
-                      2 * P.bk * W + 3 * P.bk * kLanes + P.Dk * kLanes;
-    return size_t(e) * sizeof(C) + 16 * 64;
+                      2 * P.bk * W + 3 * P.bk * kLanes + P.Dk * kLanes + P.bk * imax(dkp, dvp) + P.bk * dkp +
+                      P.bk * dvp;
+    return size_t(e) * sizeof(C) + 20 * 64;
   }
   void carve(const Params& P, char* p) {
     Carver c{p};
@@ -42,6 +44,7 @@ template <class T> struct BwdBufs {
     pt = c.take<C>(P.bk * W); dst = c.take<C>(P.bk * W);
     dfac = c.take<C>(P.bk * kLanes); addt = c.take<C>(P.bk * kLanes); zt = c.take<C>(P.bk * kLanes);
     dqt = c.take<C>(P.Dk * kLanes);
+    dtile = c.take<C>(P.bk * imax(dkp, dvp)); dkc = c.take<C>(P.bk * dkp); dvc = c.take<C>(P.bk * dvp);
   }
 };
 
@@ -63,6 +66,8 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
   uint8_t key_nan[kBlockK] = {};  // keys attended by a row that sends NaN
   std::memset(static_cast<void*>(S.dka), 0, sizeof(C) * size_t(P.bk * dkp));
   std::memset(static_cast<void*>(S.dva), 0, sizeof(C) * size_t(P.bk * dvp));
+  std::memset(static_cast<void*>(S.dkc), 0, sizeof(C) * size_t(P.bk * dkp));
+  std::memset(static_cast<void*>(S.dvc), 0, sizeof(C) * size_t(P.bk * dvp));
   const T* dout = static_cast<const T*>(P.dout);
   const T* q = static_cast<const T*>(P.q.data);
   const C* lse = static_cast<const C*>(P.lse_s.data);
@@ -124,7 +129,7 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
         mod_lanes_init(P, L, ml);
         const bool has_add = build_additive(P, L, tm[lg], j0, jn, S.addt, fl);
         flag_attending(P, L, tm[lg], j0, jn, bad_k, bad_v, fl);
-        alignas(64) C lse2[kLanes], dd[kLanes];
+        alignas(64) C lse2[kLanes], lse2_lo[kLanes], dd[kLanes];
         for (int l = 0; l < kLanes; ++l) {
           const int64_t row = (b * P.H + h) * P.Nq + L.i[l];
           const C x = l < L.n ? lse[b * P.lse_s.s0 + h * P.lse_s.s1 + L.i[l] * P.lse_s.s2] : C(-INFINITY);
@@ -133,6 +138,9 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
                                        !std::isfinite(dx));
           // a row that saw no key (lse = -inf) must get P = 0: exp2(s - inf); so does one sending NaN
           lse2[l] = (x == C(-INFINITY) || sends_nan) ? C(INFINITY) : C(double(x) * kLog2e);
+          // lse log2(e) as hi + lo: rounded to one float it would shift every P of the row by up to
+          // half an ulp of lse (3.8e-6 relative at |lse| ~ 50); s - hi is exact near the row's max
+          lse2_lo[l] = std::isfinite(lse2[l]) ? C(double(x) * kLog2e - double(lse2[l])) : C(0);
           dd[l] = sends_nan ? C(0) : dx;
           if (!sends_nan) continue;
           bool touched = false;
@@ -150,7 +158,7 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
           const bool masked = tm[lg].mode == TILE_MASKED;
           alignas(64) C a[kLanes], z[kLanes];
           for (int l = 0; l < kLanes; ++l) { a[l] = C(tm[lg].lo[l]); z[l] = C(tm[lg].hi[l]); }
-          const V lo = vload(a), hi = vload(z), lv = vload(lse2);
+          const V lo = vload(a), hi = vload(z), lv = vload(lse2), lv_lo = vload(lse2_lo);
           for (int64_t jj = 0; jj < jn; ++jj) {
             V dv = vzero<V>();
             const C* add = has_add ? S.addt + jj * kLanes : nullptr;
@@ -160,7 +168,7 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
               const V jv = vset1<V>(C(jj));
               s = vsel(vand(vle(lo, jv), vlt(jv, hi)), s, ninf);
             }
-            vstore(pt + jj * W, vexp2(vsub(s, lv)));
+            vstore(pt + jj * W, vexp2(vsub(vsub(s, lv), lv_lo)));
             if (want_d) vstore(S.dfac + jj * kLanes, dv);
           }
         }
@@ -194,11 +202,16 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
           for (int64_t d = 0; d < P.Dk; ++d) dqr[d] += S.dqt[d * kLanes + l] * sc;
         }
       }
-      // dV += P^T dO, dK += dS^T Q over the whole block (lines 12, 17): lanes over Dv / Dk
+      // dV += P^T dO, dK += dS^T Q over the whole block (lines 12, 17): lanes over Dv / Dk. The
+      // block's sum starts from zero and is added compensated (microkernel.hpp): over Nq rows the
+      // error stays that of one block's sum instead of growing with Nq / 64.
+      const V one = vset1<V>(C(1));
       for (int64_t c = 0; c < dvp / kLanes; ++c)
-        gemm16<true>(S.dva + c * kLanes, dvp, S.pt, W, 1, S.dos + c * kLanes, dvp, jn, int64_t(nlg) * kLanes);
+        gemm16<false>(S.dtile + c * kLanes, dvp, S.pt, W, 1, S.dos + c * kLanes, dvp, jn, int64_t(nlg) * kLanes);
+      add_tile(S.dva, S.dvc, S.dtile, jn * dvp / kLanes, one);
       for (int64_t c = 0; c < dkp / kLanes; ++c)
-        gemm16<true>(S.dka + c * kLanes, dkp, S.dst, W, 1, S.qs + c * kLanes, dkp, jn, int64_t(nlg) * kLanes);
+        gemm16<false>(S.dtile + c * kLanes, dkp, S.dst, W, 1, S.qs + c * kLanes, dkp, jn, int64_t(nlg) * kLanes);
+      add_tile(S.dka, S.dkc, S.dtile, jn * dkp / kLanes, one);
     }
   }
   C* dk = static_cast<C*>(P.dk);

@@ -76,13 +76,14 @@ static inline void load_qt(const Params& P, const LaneGroup& lg, C* qt, uint8_t*
 
 // ------------------------------------------------------------------ the online-softmax step
 
-// Raw S^T [jn][16] in st -> P^T in place; updates m, l (log2 units); returns alpha = exp2(m_old -
-// m_new) for the caller's O rescale. Dropout (inverted) is applied to P after the row sum, so l
+// Raw S^T [jn][16] in st -> P^T in place; updates m, l (log2 units; l summed per tile, then added
+// compensated, with its carry in l_comp); returns alpha = exp2(m_old - m_new) for the caller's O
+// rescale. Dropout (inverted) is applied to P after the row sum, so l
 // and lse stay the pre-dropout ones.
 template <class T, class C>
 static inline typename VecOf<C>::V softmax_tile(const Params& P, const LaneGroup& lg, const ModLanes<C>& ml,
                                                 const TileMask& tm, int64_t j0, int64_t jn, C* st,
-                                                const C* addt, C* m_run, C* l_run) {
+                                                const C* addt, C* m_run, C* l_run, C* l_comp) {
   using V = typename VecOf<C>::V;
   const bool masked = tm.mode == TILE_MASKED;
   V lo = vzero<V>(), hi = vzero<V>();
@@ -117,7 +118,9 @@ static inline typename VecOf<C>::V softmax_tile(const Params& P, const LaneGroup
     vstore(st + jj * kLanes, p);
     sum = vadd(sum, p);
   }
-  vstore(l_run, vfma(vload(l_run), alpha, sum));
+  alignas(64) C tile_sum[kLanes];
+  vstore(tile_sum, sum);
+  add_tile(l_run, l_comp, tile_sum, 1, alpha);
   vstore(m_run, m_new);
   if (P.dropout_p > 0.0) {
     const uint32_t thr = dropout_threshold(P.dropout_p);
@@ -188,11 +191,15 @@ static inline void clean_tile(const Params& P, const LaneGroup* lgs, int nlg, co
 template <class T> struct FwdBufs {
   using C = typename Compute<T>::type;
   C *qt, *ot, *st, *addt, *kc, *vc, *ml, *qr, *orow;
+  C *otile, *oc, *lc;  // one tile's O (wide: Dv x 16; thin: rows x dvp), O's and l's Kahan carries
   static size_t bytes(const Params& P) {
     const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes), n = 4;
     const int64_t elems = n * P.Dk * kLanes + n * P.Dv * kLanes + 2 * P.bk * kLanes + P.bk * dkp + P.bk * dvp +
-                          2 * n * kLanes + kLanes * dkp + kLanes * dvp;
-    return size_t(elems) * sizeof(C) + 16 * 64;
+                          2 * n * kLanes + kLanes * dkp + kLanes * dvp + kLanes * dvp + oc_elems(P) + n * kLanes;
+    return size_t(elems) * sizeof(C) + 20 * 64;
+  }
+  static int64_t oc_elems(const Params& P) {
+    return imax(4 * P.Dv * kLanes, 8 * round_up(P.Dv, kLanes));  // wide: 4 lane groups; thin: <= 8 rows
   }
   void carve(const Params& P, char* p) {
     Carver c{p};
@@ -201,6 +208,7 @@ template <class T> struct FwdBufs {
     st = c.take<C>(P.bk * kLanes); addt = c.take<C>(P.bk * kLanes);
     kc = c.take<C>(P.bk * dkp); vc = c.take<C>(P.bk * dvp); ml = c.take<C>(2 * 4 * kLanes);
     qr = c.take<C>(kLanes * dkp); orow = c.take<C>(kLanes * dvp);
+    otile = c.take<C>(kLanes * dvp); oc = c.take<C>(oc_elems(P)); lc = c.take<C>(4 * kLanes);
   }
 };
 
@@ -219,6 +227,8 @@ __attribute__((noinline)) static void fwd_rowset(const Params& P, FwdBufs<T>& S,
   for (int g = 0; g < nlg; ++g) {
     load_qt<T, C>(P, lgs[g], S.qt + g * P.Dk * kLanes, fl[g]);
     std::memset(static_cast<void*>(S.ot + g * Dv * kLanes), 0, sizeof(C) * size_t(Dv) * kLanes);
+    std::memset(static_cast<void*>(S.oc + g * Dv * kLanes), 0, sizeof(C) * size_t(Dv) * kLanes);
+    vstore(S.lc + g * kLanes, vzero<V>());
     vstore(S.ml + g * 2 * kLanes, vset1<V>(C(-INFINITY)));
     vstore(S.ml + g * 2 * kLanes + kLanes, vzero<V>());
     mod_lanes_init(P, lgs[g], ml[g]);
@@ -239,10 +249,10 @@ __attribute__((noinline)) static void fwd_rowset(const Params& P, FwdBufs<T>& S,
       const bool has_add = build_additive(P, lgs[g], tm[g], j0, jn, S.addt, fl[g]);
       C* m_run = S.ml + g * 2 * kLanes;
       const V alpha = softmax_tile<T, C>(P, lgs[g], ml[g], tm[g], j0, jn, S.st, has_add ? S.addt : nullptr, m_run,
-                                         m_run + kLanes);
-      C* ot = S.ot + g * Dv * kLanes;
-      for (int64_t d = 0; d < Dv; ++d) vstore(ot + d * kLanes, vmul(vload(ot + d * kLanes), alpha));
-      gemm16<true>(ot, kLanes, vp, 1, ldv, S.st, kLanes, Dv, jn);
+                                         m_run + kLanes, S.lc + g * kLanes);
+      // this tile's V^T P^T from zero, then O = O alpha + it, compensated (microkernel.hpp)
+      gemm16<false>(S.otile, kLanes, vp, 1, ldv, S.st, kLanes, Dv, jn);
+      add_tile(S.ot + g * Dv * kLanes, S.oc + g * Dv * kLanes, S.otile, Dv, alpha);
     }
   }
 }

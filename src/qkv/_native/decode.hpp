@@ -31,6 +31,7 @@ __attribute__((noinline)) static void fwd_thin(const Params& P, FwdBufs<T>& S, c
   C* orow = S.orow; // [rows][dvp]
   std::memset(static_cast<void*>(qr), 0, sizeof(C) * size_t(kThinMaxRows * dkp));
   std::memset(static_cast<void*>(orow), 0, sizeof(C) * size_t(kThinMaxRows * dvp));
+  std::memset(static_cast<void*>(S.oc), 0, sizeof(C) * size_t(kThinMaxRows * dvp));
   const T* q = static_cast<const T*>(P.q.data);
   for (int l = 0; l < lg.n; ++l) {
     const T* row = q + lg.b * P.q.s0 + lg.h[l] * P.q.s1 + lg.i[l] * P.q.s2;
@@ -41,6 +42,7 @@ __attribute__((noinline)) static void fwd_thin(const Params& P, FwdBufs<T>& S, c
   C* l_run = S.ml + kLanes;
   vstore(m_run, vset1<V>(C(-INFINITY)));
   vstore(l_run, vzero<V>());
+  vstore(S.lc, vzero<V>());
   ModLanes<C> ml;
   mod_lanes_init(P, lg, ml);
   TileMask tm;
@@ -85,17 +87,15 @@ __attribute__((noinline)) static void fwd_thin(const Params& P, FwdBufs<T>& S, c
         for (int l = 0; l < lg.n; ++l) fl[l] |= kBadInput;
     }
     const bool has_add = build_additive(P, lg, tm, j0, jn, S.addt, fl);
-    const V alpha = softmax_tile<T, C>(P, lg, ml, tm, j0, jn, st, has_add ? S.addt : nullptr, m_run, l_run);
+    const V alpha = softmax_tile<T, C>(P, lg, ml, tm, j0, jn, st, has_add ? S.addt : nullptr, m_run, l_run, S.lc);
+    // this tile's P^T V (m = row (lane of st), r = key) from zero, then each O row = O alpha + it,
+    // compensated (microkernel.hpp)
+    for (int64_t c = 0; c < dvp / kLanes; ++c)
+      gemm16<false>(S.otile + c * kLanes, dvp, st, 1, kLanes, vp + c * kLanes, ldv, lg.n, jn);
     alignas(64) C a[kLanes];
     vstore(a, alpha);
-    for (int l = 0; l < lg.n; ++l) {
-      const V al = vset1<V>(a[l]);
-      for (int64_t c = 0; c < dvp / kLanes; ++c)
-        vstore(orow + l * dvp + c * kLanes, vmul(vload(orow + l * dvp + c * kLanes), al));
-    }
-    // O rows += P^T V: m = row (lane of st), r = key
-    for (int64_t c = 0; c < dvp / kLanes; ++c)
-      gemm16<true>(orow + c * kLanes, dvp, st, 1, kLanes, vp + c * kLanes, ldv, lg.n, jn);
+    for (int l = 0; l < lg.n; ++l)
+      add_tile(orow + l * dvp, S.oc + l * dvp, S.otile + l * dvp, dvp / kLanes, vset1<V>(a[l]));
   }
 }
 

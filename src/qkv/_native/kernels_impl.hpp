@@ -244,19 +244,21 @@ static bool backward_impl(const Params& P) {
 
 // Throughput of the pieces of one (16 queries x 128 keys, Dk = Dv = 64) float32 tile step on
 // L1-resident data, single thread, for the benchmark report: 0: S^T = K Q^T, 1: O^T += V^T P^T
-// (GFLOP/s), 2: exp2 (G exp/s), 3: the whole step (S, softmax, rescale, P.V; GFLOP/s),
+// (GFLOP/s), 2: exp2 (G exp/s), 3: the whole step (S, softmax, P.V, compensated rescale-add; GFLOP/s),
 // 4: register-only FMAs (the core's peak GFLOP/s, for comparison).
 static double microbench(int kind, int64_t reps) {
   using V = VF;
   constexpr int64_t bk = kBlockK, D = 64;
   Arena a;
-  if (!a.alloc(1, sizeof(float) * size_t(bk * D * 2 + D * kLanes * 2 + bk * kLanes + 4 * kLanes))) return 0.0;
+  if (!a.alloc(1, sizeof(float) * size_t(bk * D * 2 + D * kLanes * 4 + bk * kLanes + 4 * kLanes))) return 0.0;
   float* kt = reinterpret_cast<float*>(a.at(0));
   float* vt = kt + bk * D;
   float* qt = vt + bk * D;
   float* ot = qt + D * kLanes;
   float* st = ot + D * kLanes;
   float* ml = st + bk * kLanes;
+  float* otile = ml + 4 * kLanes;  // the step's tile of O and O's Kahan carry (attention_fwd.hpp)
+  float* oc = otile + D * kLanes;
   for (int64_t x = 0; x < bk * D; ++x) { kt[x] = float(x % 7) * 0.01f; vt[x] = float(x % 5) * 0.01f; }
   for (int64_t x = 0; x < D * kLanes; ++x) qt[x] = float(x % 3) * 0.01f;
   for (int64_t x = 0; x < bk * kLanes; ++x) st[x] = -float(x % 11);
@@ -285,9 +287,10 @@ static double microbench(int kind, int64_t reps) {
     } else if (kind == 2) for (int64_t jj = 0; jj < bk; ++jj) sink = vadd(sink, vexp2(vload(st + jj * kLanes)));
     else {
       gemm16<false>(st, kLanes, kt, D, 1, qt, kLanes, bk, D);
-      const V alpha = softmax_tile<float, float>(P, lg, mlanes, tm, 0, bk, st, nullptr, ml, ml + kLanes);
-      for (int64_t d = 0; d < D; ++d) vstore(ot + d * kLanes, vmul(vload(ot + d * kLanes), alpha));
-      gemm16<true>(ot, kLanes, vt, 1, D, st, kLanes, D, bk);
+      const V alpha = softmax_tile<float, float>(P, lg, mlanes, tm, 0, bk, st, nullptr, ml, ml + kLanes,
+                                                 ml + 2 * kLanes);
+      gemm16<false>(otile, kLanes, vt, 1, D, st, kLanes, D, bk);
+      add_tile(ot, oc, otile, D, alpha);
     }
   }
   clock_gettime(CLOCK_MONOTONIC, &t1);
