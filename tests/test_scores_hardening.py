@@ -37,6 +37,18 @@ def run(impl, engine, q, k, v, library="numpy", **kw):
     return qkv._core.run(build_call(q, k, v, **kw, **extra), impl).out
 
 
+def run_or_refused(impl, engine, q, k, v, **kw):
+    """``run``, or None where the forced compiled engine refuses a mod measured per sequence (its
+    documented refusal: the compiled kernel measures positions from the call's corner only)."""
+    if engine != "native":
+        return run(impl, engine, q, k, v, **kw)
+    try:
+        return run(impl, engine, q, k, v, **kw)
+    except qkv.errors.ArgumentError as e:
+        assert "per sequence has no compiled form" in str(e), e
+        return None
+
+
 @pytest.mark.parametrize("impl,engine", ENGINES)
 @pytest.mark.parametrize("library", ["numpy", "torch"])
 def test_per_batch_alibi_slopes_on_a_call_with_two_batch_axes(impl, engine, library, rng):
@@ -77,3 +89,112 @@ def test_a_relative_bias_table_with_the_wrong_heads_is_a_shape_error(impl, engin
     q, k, v = make_qkv(rng, (1, 2, 5, 4), (1, 2, 6, 4))
     with pytest.raises(ShapeError, match=r"relative_bias table has 3 heads on axis 0 but the scores have H=2"):
         run(impl, engine, q, k, v, score_mod=scores.relative_bias(np.zeros((3, 5)), 2))
+
+
+# --------------------------------------------------------------------------- ALiBi per sequence
+
+
+def varlen_alibi(slopes, cu_q, cu_k):
+    """flash-attn's varlen ALiBi from its definition: local query ii of sequence s (Lq queries, Lk
+    keys) sits at local key ii + Lk - Lq; it adds -slope[h] * |ii + Lk - Lq - jj| for local key jj."""
+
+    def fn(s, h, i, j, nq, nk):
+        seq = max(x for x in range(len(cu_q) - 1) if cu_q[x] <= i < cu_q[x + 1] or cu_q[x] == i == cu_q[-1])
+        lq, lk = cu_q[seq + 1] - cu_q[seq], cu_k[seq + 1] - cu_k[seq]
+        ii, jj = i - cu_q[seq], j - cu_k[seq]
+        return s - slopes[h] * np.abs(ii + lk - lq - jj)
+
+    return fn
+
+
+def varlen_relative_bias(table, m, cu_q, cu_k):
+    def fn(s, h, i, j, nq, nk):
+        seq = max(x for x in range(len(cu_q) - 1) if cu_q[x] <= i < cu_q[x + 1])
+        lq, lk = cu_q[seq + 1] - cu_q[seq], cu_k[seq + 1] - cu_k[seq]
+        ii, jj = i - cu_q[seq], j - cu_k[seq]
+        return s + table[h, np.clip(jj - (ii + lk - lq), -m, m) + m]
+
+    return fn
+
+
+PACKED = [  # (cu_q, cu_k, mask keywords)
+    pytest.param([0, 2, 5], [0, 4, 6], {}, id="cross-lengths"),
+    pytest.param([0, 2, 5], [0, 4, 6], {"causal": True}, id="cross-causal"),
+    pytest.param([0, 3, 4, 9], [0, 1, 6, 8], {"window": (1, 2)}, id="cross-window"),
+    pytest.param([0, 3, 7], [0, 3, 7], {}, id="self"),
+]
+
+
+@pytest.mark.parametrize("impl,engine", ENGINES)
+@pytest.mark.parametrize("cu_q,cu_k,kw", PACKED)
+@pytest.mark.parametrize("mod", ["alibi", "alibi-slopes", "relative_bias"])
+def test_alibi_beside_packed_sequences_measures_within_each_sequence(impl, engine, cu_q, cu_k, kw, mod, rng):
+    nq, nk = cu_q[-1], cu_k[-1]
+    q, k, v = make_qkv(rng, (1, 2, nq, 4), (1, 2, nk, 4))
+    mask = masks.packed(cu_q, cu_k, **kw)
+    allowed = mask.dense(nq, nk)
+    slopes, table = np.array([0.7, 0.3]), rng.standard_normal((2, 7))
+    score_mod, score_fn = {
+        "alibi": (scores.alibi(), varlen_alibi(O.alibi_slopes(2), cu_q, cu_k)),
+        "alibi-slopes": (scores.alibi(slopes=slopes), varlen_alibi(slopes, cu_q, cu_k)),
+        "relative_bias": (scores.relative_bias(table, 3), varlen_relative_bias(table, 3, cu_q, cu_k)),
+    }[mod]
+    golden = O.attention_oracle(
+        q, k, v, allowed=allowed, score_fn=lambda s, h, i, j, nq, nk: score_fn(s, h, i, j, nq, nk)
+    )[0]
+    got = run_or_refused(impl, engine, q, k, v, mask=mask, score_mod=score_mod)
+    if got is not None:
+        assert_close(got, golden, tol=1e-11)
+
+
+@pytest.mark.parametrize("impl,engine", ENGINES)
+@pytest.mark.parametrize("left", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_alibi_beside_padding_measures_within_each_sequence(impl, engine, left, causal, rng):
+    nq, nk = 4, 7
+    kl, ql = np.array([7, 3, 5]), np.array([4, 1, 2])
+    q, k, v = make_qkv(rng, (3, 2, nq, 4), (3, 2, nk, 4))
+    mask = masks.padding(kl, ql, causal=causal, left=left)
+    allowed = mask.dense(nq, nk)
+    golden = []
+    for b in range(3):  # one sequence per batch element, placed as the padding places it
+        q0, k0 = (nq - ql[b], nk - kl[b]) if left else (0, 0)
+        cu_q, cu_k = [0, q0, q0 + ql[b], nq], [0, k0, k0 + kl[b], nk]
+        fn = varlen_alibi(O.alibi_slopes(2), cu_q, cu_k)
+        golden.append(O.attention_oracle(q[b], k[b], v[b], allowed=allowed[b], score_fn=fn)[0])
+    got = run_or_refused(impl, engine, q, k, v, mask=mask, score_mod=scores.alibi())
+    if got is not None:
+        assert_close(got, np.stack(golden), tol=1e-11)
+
+
+def test_alibi_per_sequence_keeps_the_compiled_engine_where_the_corners_agree(rng):
+    q, k, v = make_qkv(rng, (1, 2, 7, 4), (1, 2, 7, 4))
+    packed_self = qkv.dispatch(q, k, v, mask=masks.packed([0, 3, 7]), score_mod=scores.alibi(), impl="flash")
+    left = qkv.dispatch(q, k, v, mask=masks.padding([5], [3], left=True), score_mod=scores.alibi(), impl="flash")
+    cross = qkv.dispatch(q, k, v, mask=masks.packed([0, 3, 7], [0, 5, 7]), score_mod=scores.alibi(), impl="flash")
+    if _native.available():
+        assert packed_self.engine == left.engine == "native", (packed_self, left)
+    assert cross.engine == "array" and "alibi per sequence" in cross.reason
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+def test_alibi_per_sequence_with_torch_gradients_and_inside_the_operator(rng):
+    import torch
+
+    from qkv._impls import _torch_op
+
+    cu_q, cu_k = [0, 2, 5], [0, 4, 6]
+    q, k, v = make_qkv(rng, (1, 2, 5, 4), (1, 2, 6, 4))
+    mask = masks.packed(cu_q, cu_k, causal=True)
+    golden = O.attention_oracle(
+        q, k, v, allowed=mask.dense(5, 6), score_fn=varlen_alibi(O.alibi_slopes(2), cu_q, cu_k)
+    )[0]
+    t = [torch.tensor(x, requires_grad=True) for x in (q, k, v)]
+    out = qkv.attention(*t, mask=mask, score_mod=scores.alibi())
+    assert_close(out, golden, tol=1e-11)
+    out.sum().backward()
+    assert all(torch.isfinite(x.grad).all() for x in t)
+    code, data = masks.encode(mask.recipe)  # what a traced program hands the operator
+    tensors = [torch.as_tensor(d) for d in data]
+    with pytest.raises(qkv.errors.ArgumentError, match="measure positions per sequence"):
+        _torch_op._mask_args(code, tensors, [1, 2], *t[:2], t[2], positional=True)

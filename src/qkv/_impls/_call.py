@@ -8,6 +8,8 @@ and a numeric scale. Impls never see ``causal=`` or an array mask.
 
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from .. import masks
 from .._backend import as_array, is_bool, is_floating, namespace
 from .._checks import (
@@ -127,6 +129,17 @@ def check_sinks(sinks: Any, lead: tuple[int, ...], like: Array) -> Array | None:
     return sinks[..., None]
 
 
+def aligned_mod(score_mod: ScoreMod | None, mask: Mask | None, nq: int, nk: int) -> ScoreMod | None:
+    """``score_mod`` measuring positions as ``mask`` aligns them: a per-sequence mask (``padding``,
+    ``packed``; ``Mask.align``) realigns position-based mods (alibi, relative_bias) to each
+    sequence, as flash-attn's varlen ALiBi does; itself when every row already sits at
+    ``i + Nk - Nq`` (no mask, a plain mask, packed self-attention, left padding)."""
+    if score_mod is None or score_mod.realign is None or mask is None or mask.align is None:
+        return score_mod
+    shift = np.asarray(mask.align(np.arange(nq), nq, nk), dtype=np.int64)
+    return score_mod if bool((shift == nk - nq).all()) else score_mod.realign(shift)
+
+
 def _tiles(tiles: Any) -> tuple[int, int] | None:
     if tiles is None:
         return None
@@ -172,10 +185,11 @@ def build_call(
     if m is not None:
         m = m.bound(dims.score_shape[:-2])  # a mask of (b, h, i, j) sees this call's batch and heads
     check_mask_covers(m, bias, dims.score_shape)
-    if m is not None and m.tiles is not None and (m.blocks(dims.nq, dims.nk, dims.nq, dims.nk) == masks.FULL).all():
-        m = None  # hides nothing here: no mask at all
     if score_mod is not None and not isinstance(score_mod, ScoreMod):
         raise DTypeError(f"score_mod must be a qkv.scores.ScoreMod, got {type(score_mod).__name__}")
+    score_mod = aligned_mod(score_mod, m, dims.nq, dims.nk)
+    if m is not None and m.tiles is not None and (m.blocks(dims.nq, dims.nk, dims.nq, dims.nk) == masks.FULL).all():
+        m = None  # hides nothing here: no mask at all
     return Call(
         q,
         k,

@@ -21,7 +21,7 @@ from .._softmax import with_sinks
 from .._typing import Result
 from ..masks import Mask
 from ..scores import ScoreMod
-from ._call import as_2d, check_bias, check_sinks
+from ._call import aligned_mod, as_2d, check_bias, check_sinks
 
 
 def _mask_recipe(mask: Any, causal: bool, torch: Any) -> tuple[Any, Any] | None:
@@ -103,6 +103,10 @@ def compiled_attention(
             return None
         if any(getattr(t, "requires_grad", False) for t in score_mod.tensors):
             return None
+        if isinstance(mask, Mask) and aligned_mod(score_mod, mask, dims.nq, dims.nk) is not score_mod:
+            return (
+                None  # positions measured per sequence: the array engine's (inside torch.compile the operator refuses)
+            )
     p = check_dropout(dropout)
     rng = check_seed(rng)
     if p > 0 and rng is None:

@@ -16,13 +16,14 @@ The operators exist once this module is imported (by the first torch call that n
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from .. import _native as native
 from .. import masks
 from .._finite import overflow_error
-from ..errors import MaskError
+from ..errors import ArgumentError, MaskError
 from ..scores import kernel_ops
 from ._plan import threads
 
@@ -42,11 +43,21 @@ def _mods(code: str, tables: list[Tensor], lead: list[int]) -> tuple[tuple[Any, 
     return kernel_ops(tuple(tuple(op) for op in ops), tuple(int(x) for x in lead))
 
 
-def _mask_args(code: str, data: list[Tensor], lead: list[int], q: Tensor, k: Tensor, v: Tensor) -> dict[str, Any]:
+def _mask_args(
+    code: str, data: list[Tensor], lead: list[int], q: Tensor, k: Tensor, v: Tensor, positional: bool = False
+) -> dict[str, Any]:
     if not code:
         return {}
     mask = masks.decode(code, [d.detach().cpu().numpy() for d in data])
     nq, nk = q.shape[-2], k.shape[-2]
+    if positional and mask.align is not None:
+        shift = np.asarray(mask.align(np.arange(nq), nq, nk))
+        if not bool((shift == nk - nq).all()):  # eager calls run these on the array engine (_compiled declines)
+            raise ArgumentError(
+                f"mask {mask.name} aligns its sequences on their own, so alibi / relative_bias measure positions "
+                "per sequence, which the compiled kernel behind torch.compile cannot (it measures from the call's "
+                "bottom-right corner); call qkv.attention outside torch.compile, or pass the bias as bias="
+            )
     lead_t = tuple(int(x) for x in lead)
     mask = mask.bound(lead_t)
     mlead = masks.lead_shape(mask, nq, nk)
@@ -76,15 +87,18 @@ def _kernel_kwargs(
     dropout: float,
     seed: Tensor,
 ) -> dict[str, Any]:
+    mods = _mods(mods_code, mod_tables, lead)
     kw = dict(
         scale=scale,
-        mods=_mods(mods_code, mod_tables, lead),
+        mods=mods,
         bias=None if bias is None else bias.detach(),
         dropout_p=dropout,
         seed=int(seed.item()) & 0xFFFFFFFFFFFFFFFF if dropout > 0 else 0,
         threads=threads(),
     )
-    kw.update(_mask_args(mask_code, mask_data, lead, q, k, v))
+    kw.update(
+        _mask_args(mask_code, mask_data, lead, q, k, v, positional=any(op[0] in ("alibi", "relbias") for op in mods))
+    )
     return kw
 
 

@@ -32,6 +32,14 @@ is bounded by its first and last query: what makes tile counts O(tile rows) and 
 compiled kernel masks with."""
 
 
+Align = Callable[[np.ndarray, int, int], np.ndarray]
+"""``(i, nq, nk) -> shift``: query row ``i`` sits at key position ``p = i + shift`` (int64
+broadcasting to ``(..., n)``). Masks that align each sequence bottom-right on its own
+(``padding``, ``packed``) give it, so position-based score mods (ALiBi, relative bias) measure
+distances within each sequence as the mask does (flash-attn's varlen ALiBi); other masks have
+None: ``shift = Nk - Nq`` for every row."""
+
+
 @dataclass(frozen=True, eq=False)
 class Mask:
     """'Query ``i`` may attend key ``j``', evaluated on index grids; see the module docstring.
@@ -53,6 +61,7 @@ class Mask:
     rows: Rows | None = None
     bind: Callable[[tuple[int, ...]], "Mask"] | None = None
     recipe: Any = field(default=None, repr=False)  # how it was made (_recipe): None for from_fn masks
+    align: Align | None = None  # per-sequence alignment (padding, packed): see ``Align``
 
     def bound(self, lead: tuple[int, ...]) -> "Mask":
         """This mask for a call whose scores are ``(*lead, Nq, Nk)`` (itself unless it depends on batch and head)."""
@@ -129,6 +138,7 @@ class Mask:
             a.size or b.size,
             _and_rows(a.rows, b.rows),
             recipe=_combined("&", a, b),
+            align=_either_align(a, b),
         )
 
     def __or__(self, other: "Mask") -> "Mask":
@@ -141,6 +151,7 @@ class Mask:
             lambda *t: _or_classes(a._classify(*t), b._classify(*t)),
             a.size or b.size,
             recipe=_combined("|", a, b),
+            align=_either_align(a, b),
         )
 
     def __invert__(self) -> "Mask":
@@ -153,6 +164,7 @@ class Mask:
             lambda *t: FULL - a._classify(*t),  # FULL <-> EMPTY, PARTIAL stays
             a.size,
             recipe=_combined("~", a),
+            align=a.align,
         )
 
     def __repr__(self) -> str:
@@ -196,6 +208,25 @@ def _combined(op: str, *parts: Mask) -> Any:
     if any(p.recipe is None for p in parts):
         return None
     return (op, *(p.recipe for p in parts))
+
+
+def _either_align(a: Mask, b: Mask) -> Align | None:
+    """A combination keeps the per-sequence alignment of the part that has one; two parts that
+    both have one must agree where a score mod asks (else ``MaskError``: which would it be?)."""
+    if a.align is None or b.align is None or a.align is b.align:
+        return a.align or b.align
+    fa, fb = a.align, b.align
+
+    def align(i: np.ndarray, nq: int, nk: int) -> np.ndarray:
+        x, y = np.broadcast_arrays(fa(i, nq, nk), fb(i, nq, nk))
+        if not np.array_equal(x, y):
+            raise MaskError(
+                f"masks {a.name} and {b.name} align their sequences differently, so a position-based "
+                "score mod (alibi, relative_bias) has no one distance to measure; combine only one of them"
+            )
+        return x
+
+    return align
 
 
 def _as_mask(m: Any, op: str) -> Mask:

@@ -71,7 +71,18 @@ def rows_in_sequences(
     return k_start + lo, k_start + hi
 
 
-def interval_mask(rows: Rows, name: str, size: tuple[int, int] | None = None) -> Mask:
+def shift_in_sequences(
+    i: np.ndarray, q_start: Any, q_len: Any, k_start: Any, k_len: Any, nq: int, nk: int
+) -> np.ndarray:
+    """``Mask.align`` of rows ``i``: the query ``ii`` of a sequence sits at key ``k_start + ii + k_len
+    - q_len``, i.e. ``i + (k_start + k_len) - (q_start + q_len)``: its sequence's ends aligned. Rows
+    outside their sequence's queries attend nothing; they get the call's ``Nk - Nq``."""
+    ii = i - q_start
+    inside = (ii >= 0) & (ii < q_len)
+    return np.where(inside, (k_start + k_len) - (q_start + q_len), nk - nq).astype(np.int64)
+
+
+def interval_mask(rows: Rows, name: str, size: tuple[int, int] | None = None, align: Any = None) -> Mask:
     """A ``Mask`` given by its rows' key intervals: the predicate and the tile classes follow."""
 
     def allowed(i, j, nq, nk):
@@ -85,7 +96,7 @@ def interval_mask(rows: Rows, name: str, size: tuple[int, int] | None = None) ->
         full = (lo1 <= k0) & (k1 <= hi0)  # every row of the tile allows every key of it
         return np.where(empty, EMPTY, np.where(full, FULL, PARTIAL))
 
-    return Mask(allowed, name, tiles, size, rows)
+    return Mask(allowed, name, tiles, size, rows, align=align)
 
 
 def _lengths(x: Any, name: str) -> np.ndarray:
@@ -132,12 +143,18 @@ def padding(
     lw, rw = window_sides(window, causal, "padding")
     left = check_flag(left, "padding left", error=MaskError)
 
-    def rows(i, nq, nk):
+    def sequences(nq: int, nk: int) -> tuple[np.ndarray, ...]:
         k_len = np.minimum(kl, nk)
         q_len = np.full_like(k_len, nq) if ql is None else np.minimum(ql, nq)
         q_start = nq - q_len if left else np.zeros_like(q_len)
         k_start = nk - k_len if left else np.zeros_like(k_len)
-        return rows_in_sequences(i.astype(np.int64), q_start, q_len, k_start, k_len, lw, rw)
+        return q_start, q_len, k_start, k_len
+
+    def rows(i, nq, nk):
+        return rows_in_sequences(i.astype(np.int64), *sequences(nq, nk), lw, rw)
+
+    def align(i, nq, nk):
+        return shift_in_sequences(i.astype(np.int64), *sequences(nq, nk), nq, nk)
 
     options = [
         f"{k}={v}"
@@ -149,7 +166,7 @@ def padding(
         )
         if not default
     ]
-    return interval_mask(rows, f"padding({', '.join(options)})" if options else "padding")
+    return interval_mask(rows, f"padding({', '.join(options)})" if options else "padding", align=align)
 
 
 def _cumulative(x: Any, name: str) -> np.ndarray:
@@ -187,7 +204,7 @@ def packed(cu_seqlens_q: Any, cu_seqlens_k: Any = None, *, causal: bool = False,
     lw, rw = window_sides(window, causal, "packed")
     nq_, nk_ = int(cq[-1]), int(ck[-1])
 
-    def rows(i, nq, nk):
+    def sequences(i: np.ndarray, nq: int, nk: int) -> tuple[np.ndarray, ...]:
         if (nq, nk) != (nq_, nk_):
             raise MaskError(
                 f"packed sequences cover Nq={nq_} queries and Nk={nk_} keys (cu_seqlens' last entries), "
@@ -195,9 +212,15 @@ def packed(cu_seqlens_q: Any, cu_seqlens_k: Any = None, *, causal: bool = False,
             )
         s = np.searchsorted(cq, i, side="right") - 1  # the sequence holding row i (empty ones skipped)
         s = np.minimum(s, cq.size - 2)
-        return rows_in_sequences(i.astype(np.int64), cq[s], cq[s + 1] - cq[s], ck[s], ck[s + 1] - ck[s], lw, rw)
+        return cq[s], cq[s + 1] - cq[s], ck[s], ck[s + 1] - ck[s]
+
+    def rows(i, nq, nk):
+        return rows_in_sequences(i.astype(np.int64), *sequences(i, nq, nk), lw, rw)
+
+    def align(i, nq, nk):
+        return shift_in_sequences(i.astype(np.int64), *sequences(i, nq, nk), nq, nk)
 
     options = (", causal=True" if causal else "") + ("" if window is None else f", window={window}")
     lengths = np.diff(cq)
     shown = f"{lengths[:4].tolist()}{'…' if lengths.size > 4 else ''}".replace(" ", "")
-    return interval_mask(rows, f"packed({lengths.size} sequences {shown}{options})", (nq_, nk_))
+    return interval_mask(rows, f"packed({lengths.size} sequences {shown}{options})", (nq_, nk_), align)

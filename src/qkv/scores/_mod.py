@@ -35,6 +35,9 @@ class ScoreMod:
     tensors: tuple[Array, ...] = ()  # learnable arrays it closes over (kernels without autograd decline them)
     opaque: bool = False  # a plain function: it may close over tensors only autograd can follow
     native: tuple[tuple[Any, ...], ...] | None = None  # the compiled kernel's ops for it (None: not expressible)
+    # position-based mods (alibi, relative_bias): this mod with query row i at key position
+    # p = i + shift[..., i] (shift int64 (..., Nq), from a per-sequence mask's ``Mask.align``)
+    realign: Callable[[np.ndarray], "ScoreMod"] | None = None
 
     def __call__(self, s: Array, i: np.ndarray, j: np.ndarray, nq: int, nk: int) -> Array:
         """``s'`` for scores ``s`` at rows ``i (rows, 1)`` and columns ``j (1, cols)``."""
@@ -63,7 +66,13 @@ class ScoreMod:
                 return ab(xp, like, i, j, nq, nk) + bb(xp, like, i, j, nq, nk)
 
         native = None if a.native is None or b.native is None else a.native + b.native
-        return ScoreMod(fn, f"{a.name} + {b.name}", both, a.tensors + b.tensors, a.opaque or b.opaque, native)
+        realign = None
+        if a.realign is not None or b.realign is not None:
+
+            def realign(shift: np.ndarray) -> "ScoreMod":
+                return (a if a.realign is None else a.realign(shift)) + (b if b.realign is None else b.realign(shift))
+
+        return ScoreMod(fn, f"{a.name} + {b.name}", both, a.tensors + b.tensors, a.opaque or b.opaque, native, realign)
 
     def __repr__(self) -> str:
         return f"ScoreMod({self.name})"
@@ -94,11 +103,20 @@ def additive_mod(
     name: str,
     tensors: tuple[Array, ...] = (),
     native: tuple[tuple[Any, ...], ...] | None = None,
+    realign: Callable[[np.ndarray], ScoreMod] | None = None,
 ) -> ScoreMod:
     def fn(xp, s, i, j, nq, nk):
         return s + bias(xp, s, i, j, nq, nk), None
 
-    return ScoreMod(fn, name, bias, tensors, native=native)
+    return ScoreMod(fn, name, bias, tensors, native=native, realign=realign)
+
+
+def positions(i: np.ndarray, nq: int, nk: int, shift: np.ndarray | None) -> np.ndarray:
+    """Key positions ``p`` of query rows ``i (rows, 1)``: ``i + Nk - Nq`` (bottom-right), or
+    ``i + shift[..., i]`` per sequence (``(..., rows, 1)``, ``ScoreMod.realign``)."""
+    if shift is None:
+        return i + (nk - nq)
+    return i + shift[..., i[:, 0]][..., None]
 
 
 def is_array(x: Any) -> bool:

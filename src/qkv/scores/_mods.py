@@ -8,7 +8,7 @@ import numpy as np
 from .._backend import from_numpy, is_torch, is_traced, to_numpy
 from .._checks import check_int
 from ..errors import ArgumentError, ShapeError
-from ._mod import ScoreMod, additive_mod, heads, is_array, per_head
+from ._mod import ScoreMod, additive_mod, heads, is_array, per_head, positions
 
 
 def alibi(slopes: Any = None, n_heads: int | None = None) -> ScoreMod:
@@ -18,9 +18,18 @@ def alibi(slopes: Any = None, n_heads: int | None = None) -> ScoreMod:
     ``qkv.positional.alibi_slopes(H)`` with ``H = n_heads`` or, if that is None too, the size of
     the scores' head axis. With a causal mask this is the paper's ``-m · (i - j)``; without one
     it is symmetric.
-    """
-    from ..positional import alibi_slopes
 
+    ``p`` is the query's key position, aligned as the call's mask aligns it: bottom-right
+    (``p = i + Nk - Nq``), and beside ``masks.padding`` or ``masks.packed`` (alone or combined
+    with other masks) within each sequence, bottom-right per sequence — flash-attn's varlen
+    ALiBi: local query ``ii`` of a sequence of ``Lq`` queries and ``Lk`` keys is at local key
+    ``ii + Lk - Lq``. Such calls run the flash kernel's array engine where the sequences'
+    alignments differ from the call's (the compiled one measures from the call's corner).
+
+    >>> cu_q, cu_k = [0, 2, 5], [0, 4, 6]  # two sequences: 2 queries / 4 keys, 3 queries / 2 keys
+    >>> out = qkv.attention(q, k, v, mask=masks.packed(cu_q, cu_k), score_mod=scores.alibi())
+    >>> # query 2 (the first of sequence 1) is at key 4 + 0 + 2 - 3 = 3: key 4 is 1 away, key 5 is 2
+    """
     if n_heads is not None:
         n_heads = check_int(n_heads, "alibi n_heads", minimum=1)
     if slopes is not None:
@@ -29,6 +38,11 @@ def alibi(slopes: Any = None, n_heads: int | None = None) -> ScoreMod:
             raise ShapeError(f"alibi slopes must be (H,) or (B, H), one slope per head, got shape {shape}")
         if n_heads is not None and shape[-1] != n_heads:
             raise ShapeError(f"alibi got {shape[-1]} slopes per row but n_heads={n_heads}")
+    return _alibi(slopes, n_heads, None)
+
+
+def _alibi(slopes: Any, n_heads: int | None, shift: np.ndarray | None) -> ScoreMod:
+    from ..positional import alibi_slopes
 
     def bias(xp, s, i, j, nq, nk):
         h = heads(s)
@@ -44,15 +58,24 @@ def alibi(slopes: Any = None, n_heads: int | None = None) -> ScoreMod:
                 f"alibi slopes have shape {tuple(m.shape)} (B, H) but the scores have shape {tuple(s.shape)}: "
                 "per-batch slopes need scores (B, H, Nq, Nk) with the same B"
             )
-        dist = from_numpy(np.abs(i + (nk - nq) - j).astype(np.float64), s, s.dtype)
+        # (rows, cols), or (B, 1, rows, cols) for a per-batch alignment (padding)
+        dist = from_numpy(np.abs(positions(i, nq, nk, shift) - j).astype(np.float64), s, s.dtype)
         b = -xp.reshape(m, (*m.shape, 1, 1)) * dist
         return b if s.ndim >= 3 else b[0]
 
-    if slopes is None:  # the kernel's op gets alibi_slopes(H) once H is known
-        return additive_mod(bias, "alibi", native=(("alibi", None),))
-    shown = "traced" if is_traced(slopes) else np.round(np.asarray(to_numpy(slopes), dtype=float), 4).tolist()
-    table = slopes if is_array(slopes) else np.asarray(slopes, dtype=np.float64)
-    return additive_mod(bias, f"alibi(slopes={shown})", (slopes,) if is_array(slopes) else (), (("alibi", table),))
+    shown = (
+        None
+        if slopes is None
+        else "traced"
+        if is_traced(slopes)
+        else np.round(np.asarray(to_numpy(slopes), dtype=float), 4).tolist()
+    )
+    name = "alibi" if slopes is None else f"alibi(slopes={shown})"
+    tensors = (slopes,) if is_array(slopes) else ()
+    if shift is not None:  # per sequence: the compiled kernel measures from the call's corner only
+        return additive_mod(bias, f"{name} per sequence", tensors)
+    table = None if slopes is None else slopes if is_array(slopes) else np.asarray(slopes, dtype=np.float64)
+    return additive_mod(bias, name, tensors, (("alibi", table),), lambda sh: _alibi(slopes, n_heads, sh))
 
 
 def kernel_ops(native: tuple[tuple[Any, ...], ...], lead: tuple[int, ...]) -> tuple[tuple[Any, ...], ...]:
@@ -109,8 +132,9 @@ def relative_bias(table: Any, max_distance: int) -> ScoreMod:
     """A learned bias per clipped relative distance (Shaw et al., arXiv:1803.02155; T5).
 
     ``table (2M + 1,)`` or ``(H, 2M + 1)`` with ``M = max_distance``; head ``h`` adds
-    ``table[h, clip(j - p, -M, M) + M]``. A torch table that requires grad gets gradients
-    through torch autograd.
+    ``table[h, clip(j - p, -M, M) + M]``, with ``p`` the query's key position aligned as for
+    ``alibi`` (within each sequence beside ``masks.padding`` / ``masks.packed``). A torch table
+    that requires grad gets gradients through torch autograd.
     """
     m = int(max_distance)
     if m < 0:
@@ -121,17 +145,26 @@ def relative_bias(table: Any, max_distance: int) -> ScoreMod:
             f"relative_bias table has shape {tuple(t.shape)} but needs (2M + 1,) or (H, 2M + 1) "
             f"with 2M + 1 = {2 * m + 1} on its last axis"
         )
+    return _relative_bias(t, m, None)
 
+
+def _relative_bias(t: Any, m: int, shift: np.ndarray | None) -> ScoreMod:
     def bias(xp, s, i, j, nq, nk):
-        idx = np.clip(j - (i + (nk - nq)), -m, m) + m
+        idx = np.clip(j - positions(i, nq, nk, shift), -m, m) + m  # (rows, cols) or (B, 1, rows, cols)
         tab = per_head(xp, t if t.ndim == 2 else t[None], s, "relative_bias table")
         b = tab[:, from_numpy(idx, s)] if is_torch(s) else tab[:, idx]  # NumPy and JAX index with NumPy ints
-        if t.ndim == 1 or s.ndim < 3:
+        if idx.ndim > 2:  # (H, B, 1, rows, cols) -> (B, H, rows, cols)
+            b = xp.squeeze(xp.moveaxis(b, 0, -3), axis=-4)
+        if idx.ndim == 2 and (t.ndim == 1 or s.ndim < 3):
             b = b[0]
         return b
 
+    name = f"relative_bias(max_distance={m})"
+    tensors = (t,) if is_array(t) else ()
+    if shift is not None:
+        return additive_mod(bias, f"{name} per sequence", tensors)
     native = (("relbias", t if t.ndim == 2 else t[None], m),)
-    return additive_mod(bias, f"relative_bias(max_distance={m})", (t,) if is_array(t) else (), native)
+    return additive_mod(bias, name, tensors, native, lambda sh: _relative_bias(t, m, sh))
 
 
 def softcap(c: float) -> ScoreMod:
