@@ -198,3 +198,58 @@ def test_alibi_per_sequence_with_torch_gradients_and_inside_the_operator(rng):
     tensors = [torch.as_tensor(d) for d in data]
     with pytest.raises(qkv.errors.ArgumentError, match="measure positions per sequence"):
         _torch_op._mask_args(code, tensors, [1, 2], *t[:2], t[2], positional=True)
+
+
+# --------------------------------------------------------------------------- scores.from_fn
+
+
+@pytest.mark.parametrize(
+    "fn,takes",
+    [
+        (lambda s, b: s, 2),
+        (lambda s, b, h, i: s, 4),
+        (lambda s, b, h, i, j, extra: s, 6),
+        (lambda: 0.0, 0),
+    ],
+)
+def test_from_fn_checks_its_arity_when_built(fn, takes):
+    with pytest.raises(
+        qkv.errors.ArgumentError, match=rf"fn takes {takes} positional arguments; a score mod is fn\(score"
+    ):
+        scores.from_fn(fn)
+    with pytest.raises(qkv.errors.ArgumentError, match=rf"grad takes {takes} positional"):
+        scores.from_fn(lambda s, b, h, i, j: s, grad=fn)
+
+
+def test_from_fn_takes_defaults_and_star_args():
+    scores.from_fn(lambda s, b, h, i, j, scale=2.0: s * scale)
+    scores.from_fn(lambda *a: a[0])
+
+
+@pytest.mark.parametrize(
+    "result,kind",
+    [
+        (lambda s, b, h, i, j: None, "None"),
+        (lambda s, b, h, i, j: s > 0, "dtype bool"),
+        (lambda s, b, h, i, j: True, "a bool"),
+        (lambda s, b, h, i, j: i - j, "dtype int64"),
+        (lambda s, b, h, i, j: 3, "an int"),
+        (lambda s, b, h, i, j: s + 1j, "dtype complex"),
+        (lambda s, b, h, i, j: 1j, "a complex number"),
+        (lambda s, b, h, i, j: "s", "a str"),
+    ],
+)
+@pytest.mark.parametrize("impl", ["reference", "flash", "auto"])
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_from_fn_results_that_are_not_float_scores_are_a_dtype_error(result, kind, impl, library, rng):
+    q, k, v = make_qkv(rng, (1, 2, 4, 8), (1, 2, 4, 8))
+    if library == "torch":
+        if not HAS_TORCH:
+            pytest.skip("torch not installed")
+        import torch
+
+        q, k, v = (torch.tensor(x) for x in (q, k, v))
+    with pytest.raises(
+        qkv.errors.DTypeError, match=rf"from_fn\(<lambda>\): fn returned {kind}.*a score mod returns float"
+    ):
+        qkv.attention(q, k, v, score_mod=scores.from_fn(result), impl=impl)

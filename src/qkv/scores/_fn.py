@@ -7,6 +7,7 @@ independently): torch autograd or ``jax.grad`` give it for their arrays; for Num
 caller passes ``grad`` (same signature), or the backward pass refuses, naming the mod.
 """
 
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +16,7 @@ import numpy as np
 
 from .._backend import from_numpy, is_jax, is_torch
 from .._typing import Array
-from ..errors import ArgumentError, ShapeError
+from ..errors import ArgumentError, DTypeError, ShapeError
 from ._mod import Grad, ScoreMod
 
 
@@ -51,8 +52,17 @@ def from_fn(fn: Callable[..., Any], grad: Callable[..., Any] | None = None, *, n
     if not callable(fn) or (grad is not None and not callable(grad)):
         raise ArgumentError(f"from_fn needs functions fn(score, b, h, q_idx, kv_idx) (and grad), got {fn!r}")
     label = name or f"from_fn({getattr(fn, '__name__', 'fn')})"
+    _check_arity(fn, label, "fn")
+    if grad is not None:
+        _check_arity(grad, label, "grad")
 
     def checked(out: Any, s: Array, what: str) -> Array:
+        kind = _result_kind(out)
+        if kind is not None:
+            raise DTypeError(
+                f"{label}: {what} returned {kind}; a score mod returns float scores of the score's shape, "
+                "e.g. lambda score, b, h, q_idx, kv_idx: score - 0.1 * (q_idx - kv_idx)"
+            )
         if not hasattr(out, "shape"):
             out = s * 0 + out  # a constant
         try:
@@ -89,3 +99,41 @@ def from_fn(fn: Callable[..., Any], grad: Callable[..., Any] | None = None, *, n
         return checked(fn(s, *grids), s, "fn"), lambda: derivative(s, grids)
 
     return ScoreMod(mod, label, opaque=True)
+
+
+def _check_arity(fn: Any, label: str, what: str) -> None:
+    """``fn`` takes the five positional arguments ``(score, b, h, q_idx, kv_idx)`` (``ArgumentError``
+    at construction otherwise, not a ``TypeError`` deep inside the first call)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: found out at the call
+        return
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params):
+        return
+    takes = [p for p in params if p.kind in positional]
+    required = [p for p in takes if p.default is inspect.Parameter.empty]
+    if not len(required) <= 5 <= len(takes):
+        raise ArgumentError(
+            f"{label}: {what} takes {len(required)} positional arguments; a score mod is "
+            f"{what}(score, b, h, q_idx, kv_idx) (FlexAttention's score_mod)"
+        )
+
+
+def _result_kind(out: Any) -> str | None:
+    """What is wrong with a score mod's result (None: a float array or a real number)."""
+    if out is None:
+        return "None (a function without a return?)"
+    if isinstance(out, (bool, np.bool_)):
+        return f"a bool ({out!r})"
+    if isinstance(out, (complex, np.complexfloating)):
+        return f"a complex number ({out!r})"
+    if isinstance(out, (int, float, np.integer, np.floating)):
+        return None if isinstance(out, (float, np.floating)) else f"an int ({out!r})"
+    dtype = getattr(out, "dtype", None)
+    if dtype is None:
+        return f"a {type(out).__name__}"
+    name = str(dtype).removeprefix("torch.")
+    if "float" in name and "complex" not in name:
+        return None
+    return f"dtype {name}"
