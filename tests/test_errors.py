@@ -208,3 +208,67 @@ def test_shape_errors_fire_before_any_work_for_every_impl():
     for impl in ("reference", "auto"):
         with pytest.raises(errors.ShapeError, match=r"H=3 heads .* Hkv=2"):
             qkv.attention(np.ones((1, 3, 4, 8)), np.ones((1, 2, 4, 8)), np.ones((1, 2, 4, 8)), impl=impl)
+
+
+# --------------------------------------------------------------------------- what is NaN (issue 20, item 4)
+
+NAN_ENGINES = [("reference", None), ("flash", "native"), ("flash", "array"), ("auto", None)]
+
+
+def _run(impl, engine, q, k, v, **kw):
+    from qkv._impls import build_call
+
+    if engine == "native" and not qkv._native.available():
+        pytest.skip("compiled engine unavailable")
+    extra = {} if engine is None else {"engine": engine}
+    return qkv._core.run(build_call(q, k, v, want_lse=True, **kw, **extra), impl)
+
+
+@pytest.mark.parametrize("impl,engine", NAN_ENGINES)
+def test_a_nan_sink_is_an_input_nan_its_heads_rows_are_nan_on_every_engine(impl, engine):
+    """sinks are an input: NaN propagates to the rows it joins (the non-finite rule), never an
+    'overflow' error telling the caller to scale q and k."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, 2, 4, 8)), rng.standard_normal((1, 2, 5, 8)), rng.standard_normal((1, 2, 5, 8)))
+    res = _run(impl, engine, q, k, v, sinks=np.array([np.nan, 0.5]))
+    assert np.isnan(res.out[:, 0]).all() and np.isnan(res.lse[:, 0]).all()
+    good = _run("reference", None, q, k, v, sinks=np.array([0.0, 0.5]))  # head 1 is untouched
+    assert np.allclose(res.out[:, 1], good.out[:, 1], atol=1e-12) and np.allclose(res.lse[:, 1], good.lse[:, 1])
+    # and the sink's own meaning, from the oracle: an extra logit in the denominator
+    s = q[0, 1] @ k[0, 1].T / np.sqrt(8)
+    z = np.exp(s).sum(-1) + np.exp(0.5)
+    assert np.allclose(res.lse[0, 1], np.log(z))
+
+
+@pytest.mark.parametrize("impl,engine", [e for e in NAN_ENGINES if e[1] != "native"])  # from_fn: no compiled form
+def test_a_score_mod_that_makes_nan_is_named_not_reported_as_an_overflow(impl, engine):
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((1, 2, 4, 8)) for _ in range(3))
+    mod = qkv.scores.from_fn(lambda s, b, h, i, j: np.log(s), grad=lambda s, b, h, i, j: 1 / s)  # log of negatives
+    with pytest.raises(errors.ArgumentError, match=r"the score mod from_fn\(<lambda>\) made scores NaN") as e:
+        _run(impl, engine, q, k, v, score_mod=mod)
+    assert "scale q and k" not in str(e.value)
+
+
+def test_alibi_slopes_must_be_finite():
+    for bad in ([np.inf, 1.0], np.array([[0.5, np.nan]])):  # inf · 0 on the diagonal would be NaN
+        with pytest.raises(errors.ArgumentError, match=r"alibi slopes must be finite numbers, got \[.*(inf|nan)"):
+            qkv.scores.alibi(slopes=bad)
+
+
+def test_an_overflow_of_the_dot_products_is_still_reported_as_one():
+    q = np.full((1, 1, 2, 4), 1e30, np.float32)
+    with pytest.raises(errors.ArgumentError, match="overflow float32.*scale q and k down"):
+        qkv.attention(q, q, q, score_mod=qkv.scores.temperature(2.0), impl="reference")
+
+
+@pytest.mark.parametrize("impl", ["reference", "flash", "auto"])
+def test_float16_calls_never_warn_when_a_check_sums_large_values(impl):
+    """The overflow check summed the gradient in float16 (inf - inf: 'invalid value encountered in
+    reduce'); pytest's filterwarnings=error turns any warning into a failure here."""
+    rng = np.random.default_rng(5)
+    q, k = (rng.standard_normal((1, 2, 300, 16)).astype(np.float16) for _ in range(2))
+    v = (rng.standard_normal((1, 2, 300, 16)) * 15000).clip(-60000, 60000).astype(np.float16)
+    out, lse = qkv.attention(q, k, v, impl=impl, return_lse=True)
+    dq, dk, dv = qkv.attention_backward(np.full_like(out, 1000), q, k, v, out, lse, impl=impl)
+    assert dq.dtype == np.float16 and not np.isnan(dq).any() and not np.isnan(dv).any()

@@ -73,11 +73,12 @@ def run(c: Call, impl: str = "auto") -> Result:
         return res
     with no_grad(c.q):  # a check, not part of the graph (float() of a tensor that requires grad warns)
         xp = namespace(q=c.q)
-        check_overflow(xp, res.out, c.q, c.k, c.v, c.bias, scale=c.scale, lse=res.lse)
+        # sinks are inputs too: a NaN sink gives its head's rows NaN, as the compiled kernel does
+        check_overflow(xp, res.out, c.q, c.k, c.v, c.bias, c.sinks, scale=c.scale, lse=res.lse, score_mod=c.score_mod)
         if res.lse is not None and empty_rows_overflowed(xp, c, res.lse):
-            inputs = [x for x in (c.q, c.k, c.v, c.bias) if x is not None]
+            inputs = [x for x in (c.q, c.k, c.v, c.bias, c.sinks) if x is not None]
             if all(bool(xp.all(xp.isfinite(x))) for x in inputs):
-                raise overflow_error(c.q, c.k, c.scale)
+                raise overflow_error(c.q, c.k, c.scale, score_mod=c.score_mod)
     return res
 
 
@@ -297,5 +298,5 @@ def run_backward(c: Call, dout: Any, out: Any, lse: Any, impl: str = "auto") -> 
     with np.errstate(all="ignore"), no_grad(c.q):  # an analytic backward: the gradients carry no graph
         grads = tuple(chosen.backward(dout, c, p, out, lse))
     if p.engine != "native":  # the compiled kernel reports overflow itself
-        check_overflow(xp, grads[0], c.q, c.k, c.v, c.bias, dout, out, scale=c.scale)
+        check_overflow(xp, grads[0], c.q, c.k, c.v, c.bias, c.sinks, dout, out, scale=c.scale, score_mod=c.score_mod)
     return grads

@@ -44,14 +44,26 @@ def hidden_to_inf(xp: Any, s: Array, hidden: Array) -> Array:
     return xp.where(hidden, xp.asarray(-float("inf"), dtype=s.dtype), s)
 
 
-def overflow_error(q: Array, k: Array, scale: float, rows: int | None = None) -> ArgumentError:
+def overflow_error(
+    q: Array, k: Array, scale: float, rows: int | None = None, *, score_mod: Any = None
+) -> ArgumentError:
     """The contract's error for finite inputs whose scores overflow the compute dtype (naming max
-    |q|, max |k|, Dk and the scale: what to change). Looks at q and k: only on this error path."""
+    |q|, max |k|, Dk and the scale: what to change). Looks at q and k: only on this error path.
+
+    Where ``|q · k · scale|`` cannot reach the dtype's limit, the NaN did not come from the dot
+    products: with a ``score_mod`` the error says the mod made the scores NaN or infinite."""
     big = [float(np.max(np.abs(to_numpy(x)))) if math.prod(x.shape) else 0.0 for x in (q, k)]
     bound = big[0] * big[1] * q.shape[-1] * abs(scale)
     f64 = dtype_name(q) == "float64"
     limit = float(np.finfo(np.float64 if f64 else np.float32).max)
     where = f" in {rows} row{'s' if rows != 1 else ''}" if rows else ""
+    if score_mod is not None and bound < limit:
+        return ArgumentError(
+            f"the score mod {score_mod.name} made scores NaN or infinite{where} although q, k, v and the bias "
+            f"are finite and |q·kᵀ·scale| <= {bound:.3g} cannot overflow "
+            f"{'float64' if f64 else 'float32'}: look at what it computes (a log or a division of a score, "
+            "an inf or NaN parameter such as alibi slopes)"
+        )
     return ArgumentError(
         f"the scores q·kᵀ·scale overflow {'float64' if f64 else 'float32'}{where} "
         f"(max |q| = {big[0]:.3g}, max |k| = {big[1]:.3g}, Dk = {q.shape[-1]}, scale = {scale:.3g}: up to "
@@ -60,20 +72,26 @@ def overflow_error(q: Array, k: Array, scale: float, rows: int | None = None) ->
     )
 
 
-def check_overflow(xp: Any, out: Array, *arrays: Any, scale: float, lse: Array | None = None) -> None:
+def check_overflow(
+    xp: Any, out: Array, *arrays: Any, scale: float, lse: Array | None = None, score_mod: Any = None
+) -> None:
     """Raise ``ArgumentError`` if the result holds NaN although every input in ``arrays`` is finite
-    (the scores overflowed); NaN from non-finite inputs is left as it is. For the engines that do
-    not report overflow themselves (the compiled kernel does): reads ``lse`` (a pass over
-    ``(..., Nq)``, not over the output) where the engine gives it, else ``out``; the inputs only
-    when something is amiss."""
+    (the scores overflowed, or ``score_mod`` made them NaN); NaN from non-finite inputs (sinks
+    included, when given among ``arrays``) is left as it is. For the engines that do not report
+    overflow themselves (the compiled kernel does): reads ``lse`` (a pass over ``(..., Nq)``, not
+    over the output) where the engine gives it, else ``out``; the inputs only when something is
+    amiss."""
     if is_traced(out) or (lse is not None and is_traced(lse)):
         return
     if lse is not None:
         if bool(xp.all(xp.isfinite(lse) | (lse == -float("inf")))):
             return  # every row finite or empty
-    elif bool(xp.all(xp.isfinite(xp.sum(out)))) or not bool(xp.any(xp.isnan(out))):
-        return  # no NaN in out (a sum needs no output-sized temporary, unlike isnan)
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):  # a float16 sum may overflow: then isnan decides
+            total = xp.sum(out)
+        if bool(xp.all(xp.isfinite(total))) or not bool(xp.any(xp.isnan(out))):
+            return  # no NaN in out (a sum needs no output-sized temporary, unlike isnan)
     given = [x for x in arrays if x is not None]
     if not all(bool(xp.all(xp.isfinite(x))) for x in given):
         return  # a NaN or inf in the inputs, propagated to the rows that attend it
-    raise overflow_error(given[0], given[1], scale)
+    raise overflow_error(given[0], given[1], scale, score_mod=score_mod)

@@ -140,7 +140,7 @@ def _args(c: Call, p: "Plan") -> tuple[Array, Array, Array, dict[str, Any]]:
 def _check(c: Call, overflowed: int) -> None:
     """Rows whose finite inputs overflowed (the kernel wrote them NaN): the contract's error."""
     if overflowed:
-        raise overflow_error(c.q, c.k, c.scale, rows=overflowed)
+        raise overflow_error(c.q, c.k, c.scale, rows=overflowed, score_mod=c.score_mod)
 
 
 def forward(c: Call, p: "Plan") -> Result:

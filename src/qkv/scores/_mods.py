@@ -38,6 +38,10 @@ def alibi(slopes: Any = None, n_heads: int | None = None) -> ScoreMod:
             raise ShapeError(f"alibi slopes must be (H,) or (B, H), one slope per head, got shape {shape}")
         if n_heads is not None and shape[-1] != n_heads:
             raise ShapeError(f"alibi got {shape[-1]} slopes per row but n_heads={n_heads}")
+        if not is_traced(slopes):  # inf · 0 at distance 0 would make the scores NaN
+            values = np.asarray(to_numpy(slopes) if hasattr(slopes, "shape") else slopes, dtype=np.float64)
+            if not np.isfinite(values).all():
+                raise ArgumentError(f"alibi slopes must be finite numbers, got {np.round(values, 4).tolist()}")
     return _alibi(slopes, n_heads, None)
 
 
