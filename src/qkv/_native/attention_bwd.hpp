@@ -25,13 +25,12 @@ inline namespace QKV_NS {
 template <class T> struct BwdBufs {
   using C = typename Compute<T>::type;
   C *kc, *vc, *dka, *dva, *qs, *dos, *qt, *dot, *pt, *dst, *dfac, *addt, *zt, *dqt;
-  C *dtile, *dkc, *dvc;  // one query block's dK or dV, and the Kahan carries of dK, dV
+  C *dkc, *dvc;  // the Kahan carries of dK, dV (microkernel.hpp)
   static constexpr int64_t W = kBlockQ;  // row stride of the block-wide P^T / dS^T tiles
   static size_t bytes(const Params& P) {
     const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes);
     const int64_t e = 2 * P.bk * dkp + 2 * P.bk * dvp + W * dkp + W * dvp + 4 * P.Dk * kLanes + 4 * P.Dv * kLanes +
-                      2 * P.bk * W + 3 * P.bk * kLanes + P.Dk * kLanes + P.bk * imax(dkp, dvp) + P.bk * dkp +
-                      P.bk * dvp;
+                      2 * P.bk * W + 3 * P.bk * kLanes + P.Dk * kLanes + P.bk * dkp + P.bk * dvp;
     return size_t(e) * sizeof(C) + 20 * 64;
   }
   void carve(const Params& P, char* p) {
@@ -44,7 +43,7 @@ template <class T> struct BwdBufs {
     pt = c.take<C>(P.bk * W); dst = c.take<C>(P.bk * W);
     dfac = c.take<C>(P.bk * kLanes); addt = c.take<C>(P.bk * kLanes); zt = c.take<C>(P.bk * kLanes);
     dqt = c.take<C>(P.Dk * kLanes);
-    dtile = c.take<C>(P.bk * imax(dkp, dvp)); dkc = c.take<C>(P.bk * dkp); dvc = c.take<C>(P.bk * dvp);
+    dkc = c.take<C>(P.bk * dkp); dvc = c.take<C>(P.bk * dvp);
   }
 };
 
@@ -207,11 +206,11 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
       // error stays that of one block's sum instead of growing with Nq / 64.
       const V one = vset1<V>(C(1));
       for (int64_t c = 0; c < dvp / kLanes; ++c)
-        gemm16<false>(S.dtile + c * kLanes, dvp, S.pt, W, 1, S.dos + c * kLanes, dvp, jn, int64_t(nlg) * kLanes);
-      add_tile(S.dva, S.dvc, S.dtile, jn * dvp / kLanes, one);
+        gemm16_kahan(S.dva + c * kLanes, S.dvc + c * kLanes, dvp, S.pt, W, 1, S.dos + c * kLanes, dvp, jn,
+                     int64_t(nlg) * kLanes, one);
       for (int64_t c = 0; c < dkp / kLanes; ++c)
-        gemm16<false>(S.dtile + c * kLanes, dkp, S.dst, W, 1, S.qs + c * kLanes, dkp, jn, int64_t(nlg) * kLanes);
-      add_tile(S.dka, S.dkc, S.dtile, jn * dkp / kLanes, one);
+        gemm16_kahan(S.dka + c * kLanes, S.dkc + c * kLanes, dkp, S.dst, W, 1, S.qs + c * kLanes, dkp, jn,
+                     int64_t(nlg) * kLanes, one);
     }
   }
   C* dk = static_cast<C*>(P.dk);

@@ -118,9 +118,7 @@ static inline typename VecOf<C>::V softmax_tile(const Params& P, const LaneGroup
     vstore(st + jj * kLanes, p);
     sum = vadd(sum, p);
   }
-  alignas(64) C tile_sum[kLanes];
-  vstore(tile_sum, sum);
-  add_tile(l_run, l_comp, tile_sum, 1, alpha);
+  kahan_add(l_run, l_comp, sum, alpha);
   vstore(m_run, m_new);
   if (P.dropout_p > 0.0) {
     const uint32_t thr = dropout_threshold(P.dropout_p);
@@ -191,11 +189,11 @@ static inline void clean_tile(const Params& P, const LaneGroup* lgs, int nlg, co
 template <class T> struct FwdBufs {
   using C = typename Compute<T>::type;
   C *qt, *ot, *st, *addt, *kc, *vc, *ml, *qr, *orow;
-  C *otile, *oc, *lc;  // one tile's O (wide: Dv x 16; thin: rows x dvp), O's and l's Kahan carries
+  C *oc, *lc;  // the Kahan carries of O (wide: 4 x Dv x 16; thin: rows x dvp) and of l (microkernel.hpp)
   static size_t bytes(const Params& P) {
     const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes), n = 4;
     const int64_t elems = n * P.Dk * kLanes + n * P.Dv * kLanes + 2 * P.bk * kLanes + P.bk * dkp + P.bk * dvp +
-                          2 * n * kLanes + kLanes * dkp + kLanes * dvp + kLanes * dvp + oc_elems(P) + n * kLanes;
+                          2 * n * kLanes + kLanes * dkp + kLanes * dvp + oc_elems(P) + n * kLanes;
     return size_t(elems) * sizeof(C) + 20 * 64;
   }
   static int64_t oc_elems(const Params& P) {
@@ -208,7 +206,7 @@ template <class T> struct FwdBufs {
     st = c.take<C>(P.bk * kLanes); addt = c.take<C>(P.bk * kLanes);
     kc = c.take<C>(P.bk * dkp); vc = c.take<C>(P.bk * dvp); ml = c.take<C>(2 * 4 * kLanes);
     qr = c.take<C>(kLanes * dkp); orow = c.take<C>(kLanes * dvp);
-    otile = c.take<C>(kLanes * dvp); oc = c.take<C>(oc_elems(P)); lc = c.take<C>(4 * kLanes);
+    oc = c.take<C>(oc_elems(P)); lc = c.take<C>(4 * kLanes);
   }
 };
 
@@ -250,9 +248,8 @@ __attribute__((noinline)) static void fwd_rowset(const Params& P, FwdBufs<T>& S,
       C* m_run = S.ml + g * 2 * kLanes;
       const V alpha = softmax_tile<T, C>(P, lgs[g], ml[g], tm[g], j0, jn, S.st, has_add ? S.addt : nullptr, m_run,
                                          m_run + kLanes, S.lc + g * kLanes);
-      // this tile's V^T P^T from zero, then O = O alpha + it, compensated (microkernel.hpp)
-      gemm16<false>(S.otile, kLanes, vp, 1, ldv, S.st, kLanes, Dv, jn);
-      add_tile(S.ot + g * Dv * kLanes, S.oc + g * Dv * kLanes, S.otile, Dv, alpha);
+      // O^T = O^T alpha + V^T P^T, the tile summed from zero and added compensated (microkernel.hpp)
+      gemm16_kahan(S.ot + g * Dv * kLanes, S.oc + g * Dv * kLanes, kLanes, vp, 1, ldv, S.st, kLanes, Dv, jn, alpha);
     }
   }
 }

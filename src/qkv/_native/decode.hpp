@@ -88,14 +88,12 @@ __attribute__((noinline)) static void fwd_thin(const Params& P, FwdBufs<T>& S, c
     }
     const bool has_add = build_additive(P, lg, tm, j0, jn, S.addt, fl);
     const V alpha = softmax_tile<T, C>(P, lg, ml, tm, j0, jn, st, has_add ? S.addt : nullptr, m_run, l_run, S.lc);
-    // this tile's P^T V (m = row (lane of st), r = key) from zero, then each O row = O alpha + it,
-    // compensated (microkernel.hpp)
-    for (int64_t c = 0; c < dvp / kLanes; ++c)
-      gemm16<false>(S.otile + c * kLanes, dvp, st, 1, kLanes, vp + c * kLanes, ldv, lg.n, jn);
+    // O rows = O rows alpha + P^T V (m = row (lane of st), r = key), the tile summed from zero and
+    // added compensated, alpha per row (microkernel.hpp)
     alignas(64) C a[kLanes];
     vstore(a, alpha);
-    for (int l = 0; l < lg.n; ++l)
-      add_tile(orow + l * dvp, S.oc + l * dvp, S.otile + l * dvp, dvp / kLanes, vset1<V>(a[l]));
+    for (int64_t c = 0; c < dvp / kLanes; ++c)
+      gemm16_kahan(orow + c * kLanes, S.oc + c * kLanes, dvp, st, 1, kLanes, vp + c * kLanes, ldv, lg.n, jn, alpha, a);
   }
 }
 

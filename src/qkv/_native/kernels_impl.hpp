@@ -257,8 +257,7 @@ static double microbench(int kind, int64_t reps) {
   float* ot = qt + D * kLanes;
   float* st = ot + D * kLanes;
   float* ml = st + bk * kLanes;
-  float* otile = ml + 4 * kLanes;  // the step's tile of O and O's Kahan carry (attention_fwd.hpp)
-  float* oc = otile + D * kLanes;
+  float* oc = ml + 4 * kLanes;  // O's Kahan carry (microkernel.hpp)
   for (int64_t x = 0; x < bk * D; ++x) { kt[x] = float(x % 7) * 0.01f; vt[x] = float(x % 5) * 0.01f; }
   for (int64_t x = 0; x < D * kLanes; ++x) qt[x] = float(x % 3) * 0.01f;
   for (int64_t x = 0; x < bk * kLanes; ++x) st[x] = -float(x % 11);
@@ -289,8 +288,7 @@ static double microbench(int kind, int64_t reps) {
       gemm16<false>(st, kLanes, kt, D, 1, qt, kLanes, bk, D);
       const V alpha = softmax_tile<float, float>(P, lg, mlanes, tm, 0, bk, st, nullptr, ml, ml + kLanes,
                                                  ml + 2 * kLanes);
-      gemm16<false>(otile, kLanes, vt, 1, D, st, kLanes, D, bk);
-      add_tile(ot, oc, otile, D, alpha);
+      gemm16_kahan(ot, oc, kLanes, vt, 1, D, st, kLanes, D, bk, alpha);
     }
   }
   clock_gettime(CLOCK_MONOTONIC, &t1);

@@ -1,6 +1,6 @@
 // The one register-blocked micro-kernel behind all seven matmuls of the forward and backward pass.
 //
-//   C[m][0..15] (= or +=) sum_{r < R} A[m*sam + r*sar] * B[r*ldb + 0..15],   m in [0, M)
+//   C[m][0..15] (=, += or compensated C alpha +) sum_{r < R} A[m*sam + r*sar] * B[r*ldb + 0..15],   m in [0, M)
 //
 // One element of A is broadcast, one 16-wide row of B is loaded, NR rows of C stay in registers
 // for the whole reduction (NR = 6 for AVX2: 6 x 2 ymm = 12 accumulators, enough independent FMAs
@@ -23,56 +23,82 @@ template <class C> struct VecOf;
 template <> struct VecOf<float> { using V = VF; static constexpr int NR = NR_F; };
 template <> struct VecOf<double> { using V = VD; static constexpr int NR = NR_D; };
 
-template <class V, int NRm, bool ACC, class C>
+// What a block does with its sums: STORE (C =), ACC (C +=), or KAHAN: C = C alpha + sum, compensated,
+// the carry in K (same layout as C) rescaled along; alpha is one vector for every row m, or the
+// scalar am[m] per row when am is given. A block's sum starts from zero, so a long reduction done
+// as tiles meeting here errs like one tile's sum instead of growing with the number of tiles (a
+// plain running sum of 2^24 equal keys with v = 3 returned 3.667). Needs IEEE order (no
+// -ffast-math, which CMakeLists.txt never sets).
+enum MkMode { STORE, ACC, KAHAN };
+
+template <class V, class C>
+static inline __attribute__((always_inline)) void kahan_add(C* __restrict c, C* __restrict k, V t, V alpha) {
+  const V a = vmul(vload(c), alpha);
+  const V y = vsub(t, vmul(vload(k), alpha));
+  const V s = vadd(a, y);
+  vstore(k, vsub(vsub(s, a), y));
+  vstore(c, s);
+}
+
+template <class V, int NRm, int MODE, class C>
 static inline __attribute__((always_inline)) void mk_block(C* __restrict Cp, int64_t ldc, const C* __restrict A,
                                                            int64_t sam, int64_t sar, const C* __restrict Bp,
-                                                           int64_t ldb, int64_t R) {
+                                                           int64_t ldb, int64_t R, C* __restrict Kp, V alpha,
+                                                           const C* am) {
   V acc[NRm];
 #pragma GCC unroll 16
-  for (int m = 0; m < NRm; ++m) acc[m] = ACC ? vload(Cp + m * ldc) : vzero<V>();
+  for (int m = 0; m < NRm; ++m) acc[m] = MODE == ACC ? vload(Cp + m * ldc) : vzero<V>();
   for (int64_t r = 0; r < R; ++r) {
     const V b = vload(Bp + r * ldb);
     const C* a = A + r * sar;
 #pragma GCC unroll 16
     for (int m = 0; m < NRm; ++m) acc[m] = vfma(vset1<V>(a[m * sam]), b, acc[m]);
   }
+  if constexpr (MODE == KAHAN) {
 #pragma GCC unroll 16
-  for (int m = 0; m < NRm; ++m) vstore(Cp + m * ldc, acc[m]);
-}
-
-template <class V, int K, bool ACC, class C>
-static inline void mk_tail(int rem, C* Cp, int64_t ldc, const C* A, int64_t sam, int64_t sar, const C* Bp,
-                           int64_t ldb, int64_t R) {
-  if constexpr (K >= 1) {
-    if (rem == K) { mk_block<V, K, ACC>(Cp, ldc, A, sam, sar, Bp, ldb, R); return; }
-    mk_tail<V, K - 1, ACC>(rem, Cp, ldc, A, sam, sar, Bp, ldb, R);
+    for (int m = 0; m < NRm; ++m) kahan_add(Cp + m * ldc, Kp + m * ldc, acc[m], am ? vset1<V>(am[m]) : alpha);
+  } else {
+#pragma GCC unroll 16
+    for (int m = 0; m < NRm; ++m) vstore(Cp + m * ldc, acc[m]);
   }
 }
 
-template <bool ACC, class C>
-static void gemm16(C* Cp, int64_t ldc, const C* A, int64_t sam, int64_t sar, const C* Bp, int64_t ldb,
-                   int64_t M, int64_t R) {
+template <class V, int K, int MODE, class C>
+static inline void mk_tail(int rem, C* Cp, int64_t ldc, const C* A, int64_t sam, int64_t sar, const C* Bp,
+                           int64_t ldb, int64_t R, C* Kp, V alpha, const C* am) {
+  if constexpr (K >= 1) {
+    if (rem == K) { mk_block<V, K, MODE>(Cp, ldc, A, sam, sar, Bp, ldb, R, Kp, alpha, am); return; }
+    mk_tail<V, K - 1, MODE>(rem, Cp, ldc, A, sam, sar, Bp, ldb, R, Kp, alpha, am);
+  }
+}
+
+template <int MODE, class C>
+static void gemm16m(C* Cp, int64_t ldc, const C* A, int64_t sam, int64_t sar, const C* Bp, int64_t ldb, int64_t M,
+                    int64_t R, C* Kp, typename VecOf<C>::V alpha, const C* am) {
   using V = typename VecOf<C>::V;
   constexpr int NR = VecOf<C>::NR;
   int64_t m = 0;
-  for (; m + NR <= M; m += NR) mk_block<V, NR, ACC>(Cp + m * ldc, ldc, A + m * sam, sam, sar, Bp, ldb, R);
-  if (m < M) mk_tail<V, NR - 1, ACC>(int(M - m), Cp + m * ldc, ldc, A + m * sam, sam, sar, Bp, ldb, R);
+  for (; m + NR <= M; m += NR)
+    mk_block<V, NR, MODE>(Cp + m * ldc, ldc, A + m * sam, sam, sar, Bp, ldb, R, Kp ? Kp + m * ldc : nullptr, alpha,
+                          am ? am + m : nullptr);
+  if (m < M)
+    mk_tail<V, NR - 1, MODE>(int(M - m), Cp + m * ldc, ldc, A + m * sam, sam, sar, Bp, ldb, R,
+                             Kp ? Kp + m * ldc : nullptr, alpha, am ? am + m : nullptr);
 }
 
-// acc = acc * alpha + t over n vectors, compensated (Kahan, with the carry comp rescaled along):
-// each gemm16 above sums one tile (at most BK keys or 64 query rows) from zero, and the tiles meet
-// here, so over N keys a float32 result errs by ~the error of one tile's sum instead of growing with
-// N / BK (a plain running sum of 2^24 equal keys with v = 3 returned 3.667). Needs IEEE order
-// (no -ffast-math, which CMakeLists.txt never sets).
-template <class V, class C>
-static inline void add_tile(C* __restrict acc, C* __restrict comp, const C* __restrict t, int64_t n, V alpha) {
-  for (int64_t i = 0; i < n; ++i) {
-    const V a = vmul(vload(acc + i * kLanes), alpha);
-    const V y = vsub(vload(t + i * kLanes), vmul(vload(comp + i * kLanes), alpha));
-    const V s = vadd(a, y);
-    vstore(comp + i * kLanes, vsub(vsub(s, a), y));
-    vstore(acc + i * kLanes, s);
-  }
+// C = (or +=) A B
+template <bool ACCUMULATE, class C>
+static void gemm16(C* Cp, int64_t ldc, const C* A, int64_t sam, int64_t sar, const C* Bp, int64_t ldb,
+                   int64_t M, int64_t R) {
+  gemm16m<ACCUMULATE ? ACC : STORE>(Cp, ldc, A, sam, sar, Bp, ldb, M, R, static_cast<C*>(nullptr),
+                                    vzero<typename VecOf<C>::V>(), static_cast<const C*>(nullptr));
+}
+
+// C = C alpha + A B, compensated (carry K); alpha per lane, or am[m] per row m when am is given
+template <class C>
+static void gemm16_kahan(C* Cp, C* Kp, int64_t ldc, const C* A, int64_t sam, int64_t sar, const C* Bp, int64_t ldb,
+                         int64_t M, int64_t R, typename VecOf<C>::V alpha, const C* am = nullptr) {
+  gemm16m<KAHAN>(Cp, ldc, A, sam, sar, Bp, ldb, M, R, Kp, alpha, am);
 }
 
 }  // namespace QKV_NS
