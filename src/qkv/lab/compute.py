@@ -19,15 +19,22 @@ from ..masks.spec import MASK_KINDS, MASK_PARAMS, build_mask
 from .schemas import ExplainRequest, HeatmapRequest, LabError, Limits, PositionalRequest
 
 DIGITS = 7  # significant digits sent to the browser: far below what a colour or a printed cell shows
+TINY = 1e-290  # below it a number is sent unrounded: 10 ** (exponent - DIGITS + 1) stays a normal float above it
 
 
 def _rounded(x: np.ndarray) -> Any:
-    """Nested lists of finite numbers to ``DIGITS`` significant digits; ``None`` where ``x`` is ±inf or NaN."""
+    """Nested lists of finite numbers to ``DIGITS`` significant digits; ``None`` where ``x`` is ±inf or NaN.
+
+    Numbers below ``TINY`` in magnitude (subnormal weights, zero) are sent as they are: their
+    rounding unit would underflow (a subnormal weight came out NaN and was sent as null)."""
     a = np.asarray(x, dtype=np.float64)
     finite = np.isfinite(a)
-    size = np.where(finite & (a != 0), np.abs(np.where(finite, a, 1.0)), 1.0)
-    unit = 10.0 ** (np.floor(np.log10(size)) - (DIGITS - 1))
-    out = (np.round(np.where(finite, a, 0.0) / unit) * unit).astype(object)
+    normal = finite & (np.abs(np.where(finite, a, 0.0)) >= TINY)
+    v = np.where(normal, a, 1.0)
+    e = np.floor(np.log10(np.abs(v))) - (DIGITS - 1)  # the rounding unit is 10 ** e
+    inv = 10.0 ** np.maximum(-e, 0)  # divide by an exact power of ten where the unit is below 1
+    r = np.where(e < 0, np.round(v * inv) / inv, np.round(v / 10.0 ** np.maximum(e, 0)) * 10.0 ** np.maximum(e, 0))
+    out = np.where(normal, r, np.where(finite, a, 0.0)).astype(object)
     out[~finite] = None
     return out.tolist()
 
