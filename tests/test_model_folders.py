@@ -4,9 +4,10 @@ Each folder starts as a tiny BERT saved with ``save_pretrained`` (all-MiniLM-L6-
 beside it) and is then broken one way: a config whose ``auto_map`` needs the folder's own
 Python (that module writes a marker file when imported: it must never exist), weights only as a
 pickled ``pytorch_model.bin``, a ``config.json`` nested too deeply or not an object, a truncated
-``model.safetensors``, weights whose shapes disagree with the config, a tokenizer whose ids the
-weights do not have, no tokenizer at all. Each is one ``ModelError`` naming the cause, one
-``error:`` line (exit 1, nothing on stdout) and a 422 carrying the same reason.
+``model.safetensors``, weights whose shapes disagree with the config, weights that lack an
+attention tensor, a tokenizer whose ids the weights do not have, no tokenizer at all. Each is one
+``ModelError`` naming the cause, one ``error:`` line (exit 1, nothing on stdout) and a 422
+carrying the same reason.
 """
 
 import json
@@ -104,6 +105,14 @@ def shapes_disagree(folder):
     _edit_config(folder, hidden_size=32, intermediate_size=32)
 
 
+def missing_tensor(folder):
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(folder / "model.safetensors")
+    del weights["encoder.layer.0.attention.self.query.weight"], weights["pooler.dense.weight"]  # the pooler may go
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+
+
 def no_tokenizer(folder):
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         (folder / name).unlink(missing_ok=True)
@@ -116,6 +125,7 @@ BROKEN = {
     config_not_an_object: ("config.json", "must hold a JSON object, got a JSON list"),
     truncated_weights: ("cannot load the weights of the folder", "SafetensorError"),
     shapes_disagree: ("weights of the folder", "disagree with its config", "is (16,) in the weights but (32,)"),
+    missing_tensor: ("lack 1 tensor(s) its config needs, e.g. encoder.layer.0.attention.self.query.weight",),
     no_tokenizer: ("has no tokenizer", "knows only its 5 special tokens"),
 }
 

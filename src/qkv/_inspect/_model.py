@@ -155,13 +155,22 @@ def _check_tokenizer(tokenizer: Any, where: str, name: str) -> None:
         )
 
 
-def _check_shapes(info: dict[str, Any], where: str, name: str) -> None:
+def _check_weights(info: dict[str, Any], where: str, name: str) -> None:
+    """Refuse weights transformers would fill with random numbers: a tensor whose shape disagrees
+    with the config, or one the file lacks. Only a missing pooler is let through: it comes after
+    the last attention layer (checkpoints saved without it are common), so the weights never see it."""
     mismatched = sorted(info.get("mismatched_keys") or (), key=lambda m: str(m[0]))
     if mismatched:
         key, stored, expected = mismatched[0]
         raise ModelError(
             f"the weights of the {where} {name!r} disagree with its config: {len(mismatched)} tensor(s) have other "
             f"shapes, e.g. {key} is {tuple(stored)} in the weights but {tuple(expected)} by the config"
+        )
+    missing = sorted(k for k in info.get("missing_keys") or () if "pooler" not in str(k).split("."))
+    if missing:
+        raise ModelError(
+            f"the weights of the {where} {name!r} lack {len(missing)} tensor(s) its config needs, e.g. {missing[0]}: "
+            "transformers would fill them with random numbers"
         )
 
 
@@ -203,7 +212,8 @@ def _load(name: str, source: str) -> LoadedModel:
         _capture.install()
         try:
             # mismatched shapes are loaded as fresh weights and listed (then refused, by name)
-            # rather than raised as a RuntimeError that only points at a logged report
+            # rather than raised as a RuntimeError that only points at a logged report; so are
+            # tensors the file lacks
             model, info = AutoModel.from_pretrained(
                 source,
                 attn_implementation=_capture.BACKEND,
@@ -215,7 +225,7 @@ def _load(name: str, source: str) -> LoadedModel:
             )
         except Exception as e:
             raise _failure("the weights", where, name, e) from None
-        _check_shapes(info, where, name)
+        _check_weights(info, where, name)
     model.eval()
     limit, reason = _limit(config, tokenizer)
     layers = getattr(config, "num_hidden_layers", None)
@@ -243,7 +253,8 @@ def load_model(model: Any = None) -> LoadedModel:
     ``ModelError`` (one line, naming the model) for a folder that does not exist or holds no
     transformers model, a config that is not a JSON object, a model that needs its own Python
     code, weights kept only as pickles (``pytorch_model.bin``), a folder without a tokenizer,
-    weights that are corrupt or whose shapes disagree with the config, an encoder-decoder model,
+    weights that are corrupt, lack tensors or whose shapes disagree with the config, an
+    encoder-decoder model,
     and an architecture whose attention does not go through transformers' attention interface.
     """
     if isinstance(model, LoadedModel):
