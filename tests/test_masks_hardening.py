@@ -130,6 +130,10 @@ def test_a_four_argument_from_fn_with_extra_leading_axes_is_a_mask_error(rng):
         qkv.attention(q, k, v, mask=extra)
     fine = masks.from_fn(lambda b, h, i, j: np.ones((1, 1, 1, 1), dtype=bool) & (i >= j))
     assert_close(qkv.attention(q, k, v, mask=fine), qkv.attention(q, k, v, causal=True), tol=1e-12)
+    # a call without heads: b and h are size-1 grids, and their size-1 axes in the result go
+    q2, k2, v2 = q[0, 0], k[0, 0], v[0, 0]
+    on_b = masks.from_fn(lambda b, h, i, j: (b == 0) & (h == 0) & (i >= j))
+    assert_close(qkv.attention(q2, k2, v2, mask=on_b), qkv.attention(q2, k2, v2, causal=True), tol=1e-12)
 
 
 @pytest.mark.parametrize("nq,nk,bad", [(-1, 4, "nq"), (4, -2, "nk"), (2.5, 4, "nq"), (4, "4", "nk")])

@@ -197,12 +197,13 @@ def from_fn(fn: Callable[..., Any], name: str | None = None) -> Mask:
             fits = np.broadcast_shapes(a.shape, want)[-len(want) :] == want
         except ValueError:
             fits = False
-        if full and a.ndim > len(want):  # fn(b, h, i, j) is called on the whole (*B, H, rows, cols)
+        extra = a.shape[: max(0, a.ndim - len(want))]
+        if full and any(n != 1 for n in extra):  # fn(b, h, i, j) is called on the whole (*B, H, rows, cols)
             fits = False
         if not fits:
-            extra = " (more axes than the call's (*B, H, rows, cols))" if full and a.ndim > len(want) else ""
+            more = " (more axes than the call's (*B, H, rows, cols))" if full and any(n != 1 for n in extra) else ""
             raise MaskError(
-                f"{label} returned shape {a.shape}, which does not broadcast to {want}{extra} "
+                f"{label} returned shape {a.shape}, which does not broadcast to {want}{more} "
                 f"of the index grids it was called on ({grids})"
             )
         return a
