@@ -68,7 +68,8 @@ def lab_command(
         typer.Option(
             "--model",
             metavar="PATH",
-            help="the transformers model folder of the Model page (default: all-MiniLM-L6-v2 from qkv[model])",
+            help="the transformers model folder of the Model page, loaded in the background as the lab starts "
+            "(default: all-MiniLM-L6-v2 from qkv[model])",
         ),
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help='print {"url": ...} as JSON once serving')] = False,
