@@ -150,6 +150,24 @@ def test_the_good_folder_is_inspected(good):
     assert insp.architecture == "BertModel" and insp.weights.shape[:2] == (1, 2)
 
 
+def test_every_load_refuses_remote_code_and_pickles(good, tmp_path, monkeypatch):
+    import transformers
+
+    calls = []
+    for cls in (transformers.AutoConfig, transformers.AutoTokenizer, transformers.AutoModel):
+        real = cls.from_pretrained
+
+        def spy(*args, _real=real, _name=cls.__name__, **kwargs):
+            calls.append((_name, kwargs))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(cls, "from_pretrained", spy)
+    qkv.inspect("a small model", shutil.copytree(good, tmp_path / "fresh"))  # a new folder: not cached
+    assert {name for name, _ in calls} == {"AutoConfig", "AutoModel", "AutoTokenizer"}  # and AutoModel's own
+    assert all(kwargs.get("trust_remote_code") is False for _, kwargs in calls), calls
+    assert next(kw for name, kw in calls if name == "AutoModel")["use_safetensors"] is True
+
+
 def test_library_refuses_with_one_model_error(broken):
     folder, words = broken
     with pytest.raises(ModelError) as e:
