@@ -121,6 +121,38 @@ def test_the_model_loads_when_the_server_starts_and_a_visit_and_its_reload_wait_
     assert results["reload"].json()["tokens"] == qkv.inspect(TEXT).tokens
 
 
+def test_requests_waiting_for_the_load_are_bounded(monkeypatch):
+    from qkv.lab import model as lab_model
+
+    release, arrived = threading.Event(), threading.Semaphore(0)
+    real_load, real_loaded = lab_model.load_model, lab_model.ModelRunner.loaded
+    monkeypatch.setattr(lab_model, "load_model", lambda model=None: release.wait(60) and real_load(model))
+
+    def loaded(self):
+        arrived.release()
+        return real_loaded(self)
+
+    monkeypatch.setattr(lab_model.ModelRunner, "loaded", loaded)
+    results = {}
+    with TestClient(create_app(preload_model=True)) as c:
+        threads = [
+            threading.Thread(target=lambda i=i: results.setdefault(i, c.post("/api/model", json={"text": TEXT})))
+            for i in range(lab_model.WAITING)
+        ]
+        for t in threads:
+            t.start()
+        for _ in threads:
+            assert arrived.acquire(timeout=30)
+        extra = c.post("/api/model", json={"text": TEXT})  # each waiter holds a server thread
+        release.set()
+        for t in threads:
+            t.join(120)
+        after = c.post("/api/model", json={"text": TEXT})
+    assert extra.status_code == 429 and f"still loading and {lab_model.WAITING} requests" in extra.json()["message"]
+    assert [results[i].status_code for i in range(lab_model.WAITING)] == [200] * lab_model.WAITING
+    assert after.status_code == 200
+
+
 def test_qkv_lab_starts_loading_its_model_with_the_server(monkeypatch):
     from typer.testing import CliRunner
 

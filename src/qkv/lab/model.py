@@ -5,7 +5,8 @@ folder) is loaded once, in a background thread, and kept for the life of the ser
 lab`` starts the load when the server starts (``ModelRunner.start``), otherwise the first
 request does; a request names only its text, never a model. A request that arrives while the
 model loads waits for it, and then for a run slot (up to ``QUEUED`` seconds): the page's first
-request and a reload during the load are both answered, never refused as busy. A model that
+request and a reload during the load are both answered, never refused as busy (at most
+``WAITING`` requests wait at once: each holds a server thread). A model that
 cannot be loaded is refused with the loader's one-line reason (422, or the ``MissingExtra``
 message), on every request. A text may have at most ``max_model_chars`` characters and
 ``max_model_tokens`` tokens (the weights grow as layers x heads x N²); at most
@@ -22,6 +23,9 @@ from .schemas import LabError, Limits, ModelRequest
 
 QUEUED = 120.0
 """Seconds a request that waited for the model's load then waits for a run slot (before 429)."""
+WAITING = 4
+"""Requests that may wait for the model's load at once (each holds one of the server's threads);
+one more is refused with 429."""
 
 
 class ModelRunner:
@@ -30,6 +34,7 @@ class ModelRunner:
     def __init__(self, limits: Limits, model: str | None = None) -> None:
         self.limits, self.model = limits, model
         self._runs = threading.BoundedSemaphore(limits.max_model_runs)
+        self._waiting = threading.BoundedSemaphore(WAITING)
         self._starting = threading.Lock()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -80,9 +85,20 @@ class ModelRunner:
                 f"text has {len(req.text)} characters, above the lab's limit of max_model_chars={lim.max_model_chars}"
             )
         check_text(req.text)
-        waited = not self.ready
-        loaded = self.loaded()  # outside the run bound: waiting for the load is not a run
-        self._acquire(waited)
+        if self.ready:
+            loaded = self.loaded()
+            self._acquire(waited=False)
+        else:  # waiting for the load is not a run: it is bounded on its own
+            if not self._waiting.acquire(blocking=False):
+                raise LabError(
+                    f"the model is still loading and {WAITING} requests already wait for it; try again in a moment",
+                    status=429,
+                )
+            try:
+                loaded = self.loaded()
+                self._acquire(waited=True)
+            finally:
+                self._waiting.release()
         try:
             n = len(loaded.tokenizer(req.text, verbose=False)["input_ids"])
             if n > lim.max_model_tokens:
