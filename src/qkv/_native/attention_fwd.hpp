@@ -2,7 +2,7 @@
 //
 // A work item is a set of up to 4 lane groups (64 (head, query) rows sharing one kv head) and a
 // key range (tiles on the lead's BK grid when it gave tile classes; else from the range's first key). For each BK-key tile of the range, each lane group computes its transposed score
-// tile S^T (BK x 16) with the micro-kernel, turns it into scores (mods, bias, mask; log2 units),
+// tile S^T (BK x 16) with the micro-kernel, turns it into scores (mods, bias, mask; mods.hpp's units),
 // updates its running max m and sum l (Alg. 1 lines 8-10: vertical ops, 16 queries per vector),
 // rescales its O^T accumulator by exp2(m_old - m_new) and adds V^T P^T. The BK x Nq score matrix
 // never exists; O is divided by l once at the end (Alg. 1 line 12), and lse = m + log l.
@@ -76,9 +76,9 @@ static inline void load_qt(const Params& P, const LaneGroup& lg, C* qt, uint8_t*
 
 // ------------------------------------------------------------------ the online-softmax step
 
-// Raw S^T [jn][16] in st -> P^T in place; updates m, l (log2 units; l summed per tile, then added
-// compensated, with its carry in l_comp); returns alpha = exp2(m_old - m_new) for the caller's O
-// rescale. Dropout (inverted) is applied to P after the row sum, so l
+// Raw S^T [jn][16] in st -> P^T in place; updates m (score_row's units, mods.hpp) and l (summed per
+// tile, then added compensated, with its carry in l_comp); returns alpha = exp(m_old - m_new) for
+// the caller's O rescale. Dropout (inverted) is applied to P after the row sum, so l
 // and lse stay the pre-dropout ones.
 template <class T, class C>
 static inline typename VecOf<C>::V softmax_tile(const Params& P, const LaneGroup& lg, const ModLanes<C>& ml,
@@ -111,12 +111,22 @@ static inline typename VecOf<C>::V softmax_tile(const Params& P, const LaneGroup
   const V m_new = vmax(m_old, tmax);
   // a row with nothing allowed yet keeps m = -inf; subtract 0 instead so exp2 sees -inf, not NaN
   const V m_use = vsel(veq(m_new, ninf), vzero<V>(), m_new);
-  const V alpha = vexp2(vsub(m_old, m_use));
-  V sum = vzero<V>();
-  for (int64_t jj = 0; jj < jn; ++jj) {
-    const V p = vexp2(vsub(vload(st + jj * kLanes), m_use));
-    vstore(st + jj * kLanes, p);
-    sum = vadd(sum, p);
+  V sum = vzero<V>(), alpha;
+  if (P.n_mods == 0) {  // log2 units
+    alpha = vexp2(vsub(m_old, m_use));
+    for (int64_t jj = 0; jj < jn; ++jj) {
+      const V p = vexp2(vsub(vload(st + jj * kLanes), m_use));
+      vstore(st + jj * kLanes, p);
+      sum = vadd(sum, p);
+    }
+  } else {  // natural units: exp2((s - m) log2 e)
+    const V u = vset1<V>(C(kLog2e));
+    alpha = vexp2(vmul(vsub(m_old, m_use), u));
+    for (int64_t jj = 0; jj < jn; ++jj) {
+      const V p = vexp2(vmul(vsub(vload(st + jj * kLanes), m_use), u));
+      vstore(st + jj * kLanes, p);
+      sum = vadd(sum, p);
+    }
   }
   kahan_add(l_run, l_comp, sum, alpha);
   vstore(m_run, m_new);
@@ -156,7 +166,7 @@ static inline void write_rows(const Params& P, const LaneGroup& lg, const C* m_r
     if (!verdict) {
       const C inv = C(1) / l_run[l];
       for (int64_t d = 0; d < P.Dv; ++d) dst[d] = Narrow<T>::from(o(l, d) * inv);
-      lse[row] = C((double(m_run[l]) + std::log2(double(l_run[l]))) * kLn2);
+      lse[row] = C((double(m_run[l]) * score_unit(P) + std::log2(double(l_run[l]))) * kLn2);
       // the written row, by a bitwise test (a compare in the loop above measured 6% slower)
       if (storage_finite(dst, P.Dv)) continue;
       verdict = kOverflow;  // finite scores: a value row the tile loop did not scan, or |v| near the limit
@@ -168,7 +178,7 @@ static inline void write_rows(const Params& P, const LaneGroup& lg, const C* m_r
   }
 }
 
-// Partial result of a key-range split (decode): per lane m, l (log2 units), flags and unnormalised O.
+// Partial result of a key-range split (decode): per lane m (score_unit's units), l, flags and unnormalised O.
 template <class C> struct Partial {
   C* m; C* l; C* f; C* o;
 };

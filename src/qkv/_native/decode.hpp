@@ -123,6 +123,7 @@ template <class T>
 static void merge_partials(const Params& P, const LaneGroup* lgs, int nlg, int splits,
                            const Partial<typename Compute<T>::type>* parts) {
   using C = typename Compute<T>::type;
+  const double unit = score_unit(P);  // m in log2 units or natural (mods.hpp)
   for (int g = 0; g < nlg; ++g) {
     alignas(64) C m[kLanes], l[kLanes];
     uint8_t fl[kLanes];
@@ -134,14 +135,16 @@ static void merge_partials(const Params& P, const LaneGroup* lgs, int nlg, int s
       m[ln] = mx;
       C sum = 0;
       for (int s = 0; s < splits; ++s)
-        if (parts[s].l[g * kLanes + ln] > C(0)) sum += parts[s].l[g * kLanes + ln] * C(std::exp2(parts[s].m[g * kLanes + ln] - mx));
+        if (parts[s].l[g * kLanes + ln] > C(0))
+          sum += parts[s].l[g * kLanes + ln] * C(std::exp2((double(parts[s].m[g * kLanes + ln]) - mx) * unit));
       l[ln] = sum;
     }
     write_rows<T, C>(P, lgs[g], m, l, fl, [&](int ln, int64_t d) {
       C acc = 0;
       for (int s = 0; s < splits; ++s)
         if (parts[s].l[g * kLanes + ln] > C(0))
-          acc += parts[s].o[(g * kLanes + ln) * P.Dv + d] * C(std::exp2(parts[s].m[g * kLanes + ln] - m[ln]));
+          acc += parts[s].o[(g * kLanes + ln) * P.Dv + d] *
+                 C(std::exp2((double(parts[s].m[g * kLanes + ln]) - m[ln]) * unit));
       return acc;
     });
   }
