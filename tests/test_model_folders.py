@@ -231,6 +231,17 @@ def test_custom_code_is_never_run_nor_asked_about_on_a_real_terminal_session(goo
     assert not (tmp_path / "MARKER").exists() and not (tmp_path / "modules").exists()
 
 
+def test_an_org_slash_name_is_a_hub_name_not_a_missing_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no folder some-org/ here; offline, the hub's cache has no such model
+    with pytest.raises(ModelError) as e:
+        qkv.inspect("hello", "some-org/some-model")
+    message = str(e.value)
+    assert "cannot load the config of the model 'some-org/some-model' (no such folder here: read as a" in message
+    assert "does not exist" not in message
+    with pytest.raises(ModelError, match=r"model folder 'some-org/some/model' does not exist"):
+        qkv.inspect("hello", "some-org/some/model")  # deeper than org/name: only a folder
+
+
 def test_text_that_is_not_unicode_is_refused_before_any_model_loads(tmp_path):
     missing = tmp_path / "nowhere"  # were the model loaded first, this would be its error
     with pytest.raises(ArgumentError, match=r"character 2 is a lone surrogate \(U\+D800\), half of a UTF-16 pair"):

@@ -69,8 +69,9 @@ def default_source() -> str:
 
 
 def _looks_like_path(text: str) -> bool:
-    """A name that can only be a folder: absolute, relative with ``./``, ``~``, or deeper than ``org/name``."""
-    return text.startswith(("/", ".", "~")) or "\\" in text or text.count("/") > 1 or os.sep in text.strip("/")
+    """A name that can only be a folder: absolute, relative with ``./``, ``~``, a backslash, or
+    deeper than ``org/name`` (a hub name has at most one slash: it is not refused as a folder)."""
+    return text.startswith(("/", ".", "~")) or "\\" in text or text.count("/") > 1
 
 
 def resolve(model: Any) -> tuple[str, str]:
@@ -131,7 +132,8 @@ def _failure(part: str, where: str, name: str, e: BaseException) -> ModelError:
             f"{part} of the {where} {name!r} can only be loaded by running the model's own Python code; "
             "qkv never runs code from a model: give a model whose model_type transformers supports"
         )
-    return ModelError(f"cannot load {part} of the {where} {name!r}: {type(e).__name__}: {text}")
+    hub = " (no such folder here: read as a Hugging Face hub name)" if where == "model" else ""
+    return ModelError(f"cannot load {part} of the {where} {name!r}{hub}: {type(e).__name__}: {text}")
 
 
 def _check_folder(folder: Path, name: str) -> None:
