@@ -19,6 +19,7 @@ import threading
 from typing import Any
 
 from .._inspect import check_text, inspect, load_model
+from ..errors import QKVError
 from .schemas import LabError, Limits, ModelRequest
 
 QUEUED = 120.0
@@ -65,8 +66,10 @@ class ModelRunner:
         """The model: starts the load if nothing has, waits for it, raises what it raised."""
         self.start()
         self._ready.wait()
-        if self._error is not None:
+        if isinstance(self._error, QKVError):  # the model's problem: its one-line reason, a 4xx
             raise self._error.with_traceback(None)
+        if self._error is not None:  # a bug: a 500 whose log keeps where the load failed
+            raise RuntimeError(f"loading the model {self.model or 'all-MiniLM-L6-v2'!r} failed") from self._error
         return self._loaded
 
     def _acquire(self, waited: bool) -> None:
