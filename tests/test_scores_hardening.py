@@ -253,3 +253,11 @@ def test_from_fn_results_that_are_not_float_scores_are_a_dtype_error(result, kin
         qkv.errors.DTypeError, match=rf"from_fn\(<lambda>\): fn returned {kind}.*a score mod returns float"
     ):
         qkv.attention(q, k, v, score_mod=scores.from_fn(result), impl=impl)
+
+
+@pytest.mark.parametrize("impl,engine", [e for e in ENGINES if e.id != "compiled-engine"])
+def test_a_relative_bias_table_with_minus_inf_hides_that_distance_on_every_engine(impl, engine, rng):
+    q, k, v = make_qkv(rng, (1, 2, 5, 4), (1, 2, 6, 4))
+    table = np.array([-np.inf, 0.3, 0.0, -0.2, 0.1])  # distance j - p = -2 hidden
+    golden = O.attention_oracle(q, k, v, score_fn=O.relative_bias_score(table, 2))[0]
+    assert_close(run(impl, engine, q, k, v, score_mod=scores.relative_bias(table, 2)), golden, tol=1e-11)
