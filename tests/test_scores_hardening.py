@@ -261,3 +261,16 @@ def test_a_relative_bias_table_with_minus_inf_hides_that_distance_on_every_engin
     table = np.array([-np.inf, 0.3, 0.0, -0.2, 0.1])  # distance j - p = -2 hidden
     golden = O.attention_oracle(q, k, v, score_fn=O.relative_bias_score(table, 2))[0]
     assert_close(run(impl, engine, q, k, v, score_mod=scores.relative_bias(table, 2)), golden, tol=1e-11)
+
+
+def test_two_masks_that_align_their_sequences_differently_leave_alibi_no_distance(rng):
+    q, k, v = make_qkv(rng, (1, 2, 5, 4), (1, 2, 6, 4))
+    both = masks.packed([0, 2, 5], [0, 4, 6]) & masks.padding([6], [3])
+    with pytest.raises(qkv.errors.MaskError, match="align their sequences differently"):
+        qkv.attention(q, k, v, mask=both, score_mod=scores.alibi())
+    qkv.attention(q, k, v, mask=both)  # without a position-based mod the intersection is just a mask
+    one = masks.packed([0, 2, 5], [0, 4, 6]) & masks.sliding_window(3, causal=False)  # one alignment: kept
+    golden = O.attention_oracle(
+        q, k, v, allowed=one.dense(5, 6), score_fn=varlen_alibi(O.alibi_slopes(2), [0, 2, 5], [0, 4, 6])
+    )[0]
+    assert_close(qkv.attention(q, k, v, mask=one, score_mod=scores.alibi()), golden, tol=1e-11)
