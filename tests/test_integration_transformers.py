@@ -460,3 +460,23 @@ def test_check_model_has_no_side_effects():
     finally:
         del PreTrainedModel._can_set_attn_implementation_cached_value
         _hf_models._reason.cache_clear()
+
+
+def test_the_mask_does_not_change_when_its_inputs_change_later():
+    """A static cache hands the mask function a tensor ``q_offset`` (and generate a padding mask)
+    that later steps change in place; the mask handed back must keep the values of its call
+    (a lazy build that read them late put mt5's static-cache generate off by 50 in the logits)."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    am = torch.ones(2, 6, dtype=torch.bool)
+    am[0, :2] = False
+    for q_offset, q_length, kv_length in ((torch.tensor(2), 1, 6), (3, 3, 6)):  # dense (static cache) and structured
+        got = qt.mask_function(
+            2, q_length, kv_length, q_offset, 0, mask_function=causal_mask_function, attention_mask=am
+        )
+        want = sdpa_mask(2, q_length, kv_length, q_offset, 0, attention_mask=am, allow_is_causal_skip=False)
+        if isinstance(q_offset, torch.Tensor):
+            q_offset += 3
+        am[1, :4] = False  # the caller reuses its buffers
+        assert torch.equal(got.clone(), want)
+        am[1, :4] = True

@@ -18,7 +18,42 @@ from functools import cache
 from typing import Any, NamedTuple
 
 from .. import masks
+from ..errors import ArgumentError
 from ..masks import Mask
+
+_SUMS = frozenset({"add", "add_", "sub", "sub_", "rsub"})
+"""Operations that read a boolean mask as an additive float one (``scores + mask``): only a
+module computing attention in its own code, expecting eager's float mask, does that."""
+
+
+def _reader() -> str:
+    """The innermost ``nn.Module`` on the Python stack (the code reading the mask), by class name."""
+    import sys
+
+    import torch
+
+    frame: Any = sys._getframe(2)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, torch.nn.Module):
+            return f"{type(owner).__name__} (in {frame.f_code.co_filename.rsplit('/', 1)[-1]})"
+        frame = frame.f_back
+    return "code outside qkv"
+
+
+def _refuse_sum(func: Any, args: Any) -> None:
+    """Raise ``ArgumentError`` when qkv's boolean mask is summed with float scores."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    if func.overloadpacket.__name__ not in _SUMS:
+        return
+    if any(isinstance(a, torch.Tensor) and a.is_floating_point() for a in tree_leaves(args)):
+        raise ArgumentError(
+            f"{_reader()} adds qkv's boolean attention mask to float scores, as eager's additive mask: "
+            "that module computes attention in its own code, not through transformers' AttentionInterface, so "
+            "attn_implementation='qkv' cannot run this model; use attn_implementation='eager' (or 'sdpa')"
+        )
 
 
 class Structure(NamedTuple):
@@ -29,6 +64,10 @@ class Structure(NamedTuple):
     mask: Mask | None
     window: int | None
     padded: bool
+
+
+_DEFINED: list[type] = []
+"""The lazy mask type, once ``_lazy_type`` has defined it."""
 
 
 @cache
@@ -43,12 +82,14 @@ def _lazy_type() -> type:
         use, once); ``structure`` says what it is to qkv. Every torch operation on it sees the
         dense values, so any code reads exactly what ``sdpa_mask`` would have given."""
 
-        structure: Structure
+        structure: Structure | None
         _build: Callable[[], Any] | None
         _dense: Any
 
         @staticmethod
-        def __new__(cls, structure: Structure, shape: tuple[int, ...], build: Callable[[], Any], device: Any) -> Any:
+        def __new__(
+            cls, structure: Structure | None, shape: tuple[int, ...], build: Callable[[], Any], device: Any
+        ) -> Any:
             t = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.bool, device=device)
             t.structure, t._build, t._dense = structure, build, None
             return t
@@ -63,19 +104,22 @@ def _lazy_type() -> type:
 
         @classmethod
         def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
+            _refuse_sum(func, (args, kwargs))
             args, kwargs = tree_map_only(cls, lambda t: t.dense(), (args, kwargs or {}))
             return func(*args, **kwargs)
 
         def __repr__(self) -> str:  # type: ignore[override]
-            name = "every key" if self.structure.mask is None else self.structure.mask.name
+            s = self.structure
+            name = "dense" if s is None else "every key" if s.mask is None else s.mask.name
             return f"LazyMask({name}, shape={tuple(self.shape)})"
 
+    _DEFINED.append(LazyMask)
     return LazyMask
 
 
-def lazy(structure: Structure, shape: tuple[int, int, int, int], build: Callable[[], Any], device: Any) -> Any:
-    """A lazy mask tensor of ``shape (B, 1, Lq, Lk)`` standing for ``structure``, with the values
-    ``build()`` returns (computed only if something reads them)."""
+def lazy(structure: Structure | None, shape: tuple[int, int, int, int], build: Callable[[], Any], device: Any) -> Any:
+    """A lazy mask tensor of ``shape (B, 1, Lq, Lk)`` standing for ``structure`` (None: only its
+    values), with the values ``build()`` returns (computed only when something reads them)."""
     return _lazy_type()(structure, shape, build, device)
 
 
@@ -84,6 +128,13 @@ def structure_of(mask: Any) -> Structure | None:
     slice of a lazy mask, None)."""
     s = getattr(mask, "structure", None)
     return s if isinstance(s, Structure) else None
+
+
+def plain(mask: Any) -> Any:
+    """``mask`` as a plain tensor: a lazy mask's values, anything else as it is. (Reads the type
+    only once it exists: torch's tracer cannot run the class definition, and a traced program
+    only ever sees plain tensors.)"""
+    return mask.dense() if _DEFINED and isinstance(mask, _DEFINED[0]) else mask  # type: ignore[attr-defined]
 
 
 def _window(mask_function: Any) -> tuple[bool, int | None]:
@@ -132,14 +183,10 @@ def structured(
 
     Only for queries that are the last ``Lq`` of the ``Lk`` keys (``q_offset + Lq == kv_offset +
     Lk``: a prefill, a decode step against a dynamic or sliding cache), where qkv's bottom-right
-    alignment is the model's; a static cache with unused slots takes the dense path, and so does
-    everything while torch traces (closures and padding values cannot be read then, and the
-    traced program needs a plain tensor).
+    alignment is the model's; a static cache with unused slots takes the dense path.
     """
     from transformers.masking_utils import bidirectional_mask_function
 
-    if masks.compiling():
-        return None
     if not (isinstance(q_offset, int) and isinstance(kv_offset, int)) or q_offset + q_length != kv_offset + kv_length:
         return None
     if mask_function is bidirectional_mask_function:

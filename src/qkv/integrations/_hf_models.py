@@ -11,6 +11,9 @@ for this is the class method ``_can_set_attn_implementation`` (it reads the mode
 ``set_attn_implementation``) refuse such a class for every name qkv registered.
 """
 
+import inspect
+import re
+import sys
 from functools import cache
 from typing import Any
 
@@ -69,6 +72,27 @@ def _can_set(cls: type) -> bool:
             setattr(cls, _CACHED, own)
 
 
+_OWN_TABLE = re.compile(r"\b[A-Z0-9_]+_CLASSES\[\s*(?:self\.)?config\._attn_implementation\s*\]")
+"""A modeling file that picks its attention class from its own table by the implementation's
+name (``GIT_SELF_ATTENTION_CLASSES[config._attn_implementation]``): under ``"qkv"``, a
+``KeyError`` at load (Git, SAM, SAM-HQ, SuperGlue, Data2Vec-Vision, DeepSeek-OCR 2 ...)."""
+
+
+def _own_table(cls: type) -> bool:
+    """Whether a modeling file ``cls`` is built from looks attention classes up in its own table."""
+    for base in cls.__mro__:
+        module = sys.modules.get(base.__module__)
+        if module is None or not base.__module__.startswith("transformers.models."):
+            continue
+        try:
+            source = inspect.getsource(module)
+        except (OSError, TypeError):
+            continue
+        if _OWN_TABLE.search(source):
+            return True
+    return False
+
+
 @cache
 def _reason(cls: type) -> str | None:
     if getattr(cls, "_can_set_attn_implementation", None) is None:
@@ -77,10 +101,15 @@ def _reason(cls: type) -> str | None:
 
     if cls is PreTrainedModel:
         return f"{cls.__name__} is the base of transformers' models, not a model: pass a model or model class"
-    if _can_set(cls):
+    table = _own_table(cls)
+    if _can_set(cls) and not table:
         return None
     model_type = getattr(getattr(cls, "config_class", None), "model_type", "") or ""
-    symptom = SYMPTOMS.get(model_type, "it would run its own attention code, never qkv's")
+    symptom = (
+        "it looks its attention class up by name in its own table (KeyError: 'qkv')"
+        if table
+        else SYMPTOMS.get(model_type, "it would run its own attention code, never qkv's")
+    )
     return (
         f"{cls.__name__} (model_type {model_type!r}) computes attention in its own code instead of through "
         f"transformers' AttentionInterface, so attn_implementation='qkv' cannot run there: {symptom}. "

@@ -26,7 +26,7 @@ from typing import Any
 from .._checks import check_impl
 from .._impls import decode as _decode
 from ..errors import ArgumentError, MaskError
-from ._hf_masks import lazy, structure_of, structured
+from ._hf_masks import lazy, plain, structure_of, structured
 from ._hf_models import QKV_NAMES, install_guard, refuse_config
 from ._hf_models import check_model as check_model
 from ._hf_models import supported_backends as supported_backends
@@ -245,7 +245,7 @@ def layer_mask(attention_mask: Any, nk: int, is_causal: bool | None = None) -> t
         return structure.mask, False
     if attention_mask is None:
         return None, is_causal is True
-    return _qkv_mask(attention_mask, nk), False
+    return _qkv_mask(plain(attention_mask), nk), False
 
 
 def _qkv_mask(mask: Any, nk: int) -> Any:
@@ -288,31 +288,47 @@ def mask_function(
     sequences and chunked attention included), never None: "no mask" would leave qkv to guess
     what the model meant.
 
-    Where qkv has a constructor for the mask (causal, a sliding window, left padding, every key),
-    the tensor is lazy: it carries the qkv ``Mask`` and computes its values only if code other
-    than qkv reads them (``_hf_masks``). ``allow_is_causal_skip`` is accepted and ignored.
+    The tensor is lazy (``_hf_masks``): its values are computed only if code other than qkv reads
+    them, and where qkv has a constructor for the mask (causal, a sliding window, left padding,
+    every key) it carries the qkv ``Mask`` qkv uses instead. Code that adds it to float scores
+    (a module computing attention in its own code, expecting eager's additive mask) raises
+    ``ArgumentError`` naming the module. While torch traces, it is a plain tensor.
+    ``allow_is_causal_skip`` is accepted and ignored.
     """
     from functools import partial
 
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
+    from .. import masks
+
     refuse_config(kwargs.get("config"))  # a model that would misread this mask never gets one
     mask_function = mask_function or causal_mask_function
-    kwargs.pop("allow_is_bidirectional_skip", None)
-    dense = partial(
-        sdpa_mask,
-        batch_size=batch_size,
-        q_length=q_length,
-        kv_length=kv_length,
-        q_offset=q_offset,
-        kv_offset=kv_offset,
-        mask_function=mask_function,
-        attention_mask=attention_mask,
-        allow_is_causal_skip=False,  # its bidirectional skip is off by default
-        **kwargs,
+    kwargs.pop("allow_is_bidirectional_skip", None)  # sdpa_mask's default: off
+    structure = (
+        None
+        if masks.compiling()
+        else structured(mask_function, q_length, kv_length, q_offset, kv_offset, attention_mask)
     )
-    structure = structured(mask_function, q_length, kv_length, q_offset, kv_offset, attention_mask)
-    if structure is None:
-        return dense()
-    device = kwargs.get("device", attention_mask.device if attention_mask is not None else "cpu")
-    return lazy(structure, (batch_size, 1, q_length, kv_length), dense, device)
+
+    def dense(padding: Any = attention_mask) -> Any:
+        return sdpa_mask(
+            batch_size=batch_size,
+            q_length=q_length,
+            kv_length=kv_length,
+            q_offset=q_offset,
+            kv_offset=kv_offset,
+            mask_function=mask_function,
+            attention_mask=padding,
+            allow_is_causal_skip=False,
+            **kwargs,
+        )
+
+    if structure is None:  # built now: its inputs (a tensor q_offset, the padding) may change in place later
+        values = dense()
+        if masks.compiling():  # the traced program takes a plain tensor
+            return values
+        return lazy(None, tuple(values.shape), lambda: values, values.device)
+    # only ints and a copy of the padding reach the lazy build: nothing a caller changes in place later
+    padding = None if attention_mask is None else attention_mask.clone()
+    device = kwargs.get("device", "cpu" if attention_mask is None else attention_mask.device)
+    return lazy(structure, (batch_size, 1, q_length, kv_length), partial(dense, padding), device)
