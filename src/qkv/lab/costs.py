@@ -1,24 +1,20 @@
 """The Complexity page's handlers: ``qkv.complexity.estimate`` for one call and over N, and a
 measurement of the same call for sizes that run in about a second (``qkv.bench.measure``).
 
-A measurement runs in the server's worker thread on NumPy arrays (or torch tensors for
-``impl="torch"`` and bfloat16), one at a time (a lock: two cores are shared with the page
-and a possible training run), after the estimate says it fits ``Limits.measure_*``.
+A measurement runs on NumPy arrays (or torch tensors for ``impl="torch"``, bfloat16 and the
+backward pass) in a child process that is replaced every few measurements (``measuring``: what
+a measured call leaves in native memory goes with it), one at a time, after the estimate says it
+fits ``Limits.measure_*``.
 """
 
-import threading
+import importlib.util
 from typing import Any
-
-import numpy as np
-
-import qkv
 
 from .. import complexity
 from ..masks.spec import build_mask
 from .compute import mask_errors
+from .measuring import MeasureFailed, in_child
 from .schemas import ComplexityRequest, LabError, Limits
-
-_MEASURING = threading.Lock()
 
 
 def _block_pairs(req: ComplexityRequest, n: int, n_k: int) -> int:
@@ -99,23 +95,9 @@ def estimate(req: ComplexityRequest, limits: Limits) -> dict[str, Any]:
     return {"estimate": one.to_dict(), "series": series}
 
 
-def _inputs(req: ComplexityRequest, n_k: int, torch_inputs: bool) -> tuple[Any, Any, Any]:
-    h, hkv = req.heads, req.heads if req.kv_heads is None else req.kv_heads
-    dv = req.d if req.d_v is None else req.d_v
-    rng = np.random.default_rng(0)
-    shapes = [(req.batch, h, req.n, req.d), (req.batch, hkv, n_k, req.d), (req.batch, hkv, n_k, dv)]
-    xs = [rng.standard_normal(s, dtype=np.float32) for s in shapes]
-    if torch_inputs:
-        import torch
-
-        return tuple(torch.from_numpy(x).to(getattr(torch, req.dtype)) for x in xs)  # type: ignore[return-value]
-    return tuple(x.astype(req.dtype, copy=False) for x in xs)  # type: ignore[return-value]
-
-
 def measure(req: ComplexityRequest, limits: Limits) -> dict[str, Any]:
-    """Run the call (forward, or forward + backward) a few times: median seconds beside the estimate."""
-    from ..bench import measure as timed
-
+    """Run the call (forward, or forward + backward) a few times, in the measuring process
+    (``measuring.in_child``): median seconds beside the estimate."""
     n_k = req.n if req.n_k is None else req.n_k
     e = _estimate(req, limits, req.n, req.n_k)
     work = e.input_bytes + e.output_bytes + e.peak_bytes
@@ -127,31 +109,32 @@ def measure(req: ComplexityRequest, limits: Limits) -> dict[str, Any]:
             "smaller)"
         )
     torch_inputs = req.impl == "torch" or req.dtype == "bfloat16" or req.backward
-    if torch_inputs:
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            raise LabError("measuring impl='torch', bfloat16 or the backward pass needs PyTorch") from None
+    if torch_inputs and importlib.util.find_spec("torch") is None:
+        raise LabError("measuring impl='torch', bfloat16 or the backward pass needs PyTorch")
     with mask_errors(req.mask, req.mask_params):
-        mask = build_mask(req.mask, req.n, n_k, **req.mask_params)
-    with _MEASURING:
-        q, k, v = _inputs(req, n_k, torch_inputs)
-        if req.backward:
-            for x in (q, k, v):
-                x.requires_grad_(True)
-
-        def call() -> None:
-            out = qkv.attention(q, k, v, mask=mask, impl=req.impl)
-            if req.backward:
-                out.sum().backward()
-
-        t = timed(call, warmup=1, repeats=3)
+        build_mask(req.mask, req.n, n_k, **req.mask_params)  # refused here, before a process is asked
+    h, hkv = req.heads, req.heads if req.kv_heads is None else req.kv_heads
+    dv = req.d if req.d_v is None else req.d_v
+    call = {
+        "shapes": [[req.batch, h, req.n, req.d], [req.batch, hkv, n_k, req.d], [req.batch, hkv, n_k, dv]],
+        "dtype": req.dtype,
+        "torch": torch_inputs,
+        "backward": req.backward,
+        "impl": req.impl,
+        "mask": req.mask,
+        "mask_params": req.mask_params,
+    }
+    try:
+        t = in_child(call)
+    except MeasureFailed as failed:
+        raise LabError(failed.message, status=422 if failed.refused else 503) from None
+    median = t["median"]
     return {
-        "seconds": t.median,
-        "iqr": t.iqr,
-        "samples": list(t.samples),
+        "seconds": median,
+        "iqr": t["iqr"],
+        "samples": t["samples"],
         "flops": e.flops,
-        "gflops_per_s": e.flops / t.median / 1e9 if t.median > 0 else None,
+        "gflops_per_s": e.flops / median / 1e9 if median > 0 else None,
         "estimate": e.to_dict(),
         "arrays": "torch" if torch_inputs else "numpy",
     }
