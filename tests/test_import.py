@@ -81,3 +81,30 @@ def test_no_package_reaches_into_another_packages_private_modules():
             if len(target) >= 2 and target[0] != package and target[1].startswith("_"):
                 found.append(f"{path.relative_to(root)}:{node.lineno} imports qkv.{'.'.join(target)}")
     assert not found, "\n".join(found)
+
+
+def test_a_torch_still_being_imported_by_another_thread_is_not_torch():
+    """The lab imports torch in a background thread (its model loads at start); meanwhile
+    ``sys.modules["torch"]`` is the half-built module (no ``torch.compiler``, no ``Tensor``), and a
+    NumPy call that read it failed with AttributeError (HTTP 500 in the lab's first seconds)."""
+    import subprocess
+    import sys
+
+    code = """
+import importlib.machinery, sys, types
+half = types.ModuleType("torch")
+half.__spec__ = importlib.machinery.ModuleSpec("torch", None)
+half.__spec__._initializing = True  # what importlib sets while the module's body runs
+sys.modules["torch"] = half
+import numpy as np
+import qkv
+rng = np.random.default_rng(0)
+q, k, v = (rng.standard_normal((2, 5, 4)) for _ in range(3))
+for impl in ("auto", "reference", "flash"):
+    out = qkv.attention(q, k, v, causal=True, impl=impl)
+    assert out.shape == (2, 5, 4) and np.isfinite(out).all()
+assert not qkv.masks.compiling()
+print("ok")
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]

@@ -18,6 +18,7 @@ from typing import Any
 import array_api_compat
 import numpy as np
 
+from . import _torch
 from ._typing import Array
 from .errors import DTypeError
 
@@ -32,8 +33,8 @@ def is_torch(x: Any) -> bool:
     once torch is loaded: array_api_compat's check costs ~1 us, and a call asks ~20 times."""
     global _TORCH_TENSOR
     if _TORCH_TENSOR is None:
-        torch = sys.modules.get("torch")
-        if torch is None or not hasattr(torch, "Tensor"):
+        torch = _torch.loaded()
+        if torch is None:
             return False
         _TORCH_TENSOR = torch.Tensor
     return isinstance(x, _TORCH_TENSOR)

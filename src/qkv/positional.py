@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _torch
 from ._backend import as_array, compute_dtype, from_numpy, is_torch, namespace, to_numpy
 from ._typing import Array
 
@@ -107,11 +108,7 @@ def _positions(positions: Any, lead: tuple[int, ...], x_shape: tuple[int, ...]) 
     return p
 
 
-def _compiling() -> bool:
-    import sys
-
-    torch = sys.modules.get("torch")
-    return torch is not None and bool(torch.compiler.is_compiling())
+_compiling = _torch.compiling
 
 
 def _traced_angles(x: Any, positions: Any, base: float, r: int, interleaved: bool, ct: Any) -> tuple[Any, Any]:

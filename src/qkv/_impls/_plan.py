@@ -37,7 +37,7 @@ import math
 from typing import NamedTuple
 
 from .. import _native as native
-from .. import masks
+from .. import _torch, masks
 from .._backend import HALF, dtype_name, is_jax, is_torch, is_traced
 from .._checks import check_impl
 from ..errors import ArgumentError
@@ -98,11 +98,11 @@ def threads() -> int:
     fighting), else ``OMP_NUM_THREADS``, else the CPUs this process may use; at most the
     kernel's own cap (``qkv._native.MAX_THREADS``)."""
     import os
-    import sys
 
     cap = native.MAX_THREADS
-    if "torch" in sys.modules:
-        return max(1, min(int(sys.modules["torch"].get_num_threads()), cap))
+    torch = _torch.loaded()
+    if torch is not None:
+        return max(1, min(int(torch.get_num_threads()), cap))
     env = os.environ.get("OMP_NUM_THREADS", "")
     if env.isdigit() and int(env) > 0:
         return min(int(env), cap)

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import _torch
+
 _ext: Any = None
 _reason = ""
 
@@ -143,7 +145,7 @@ def _dl(x: Any) -> Any:
     anything else as it is. nanobind would otherwise call ``Tensor.__dlpack__``, whose Python-level
     checks cost ~7 us a tensor: most of a decode step's fixed cost. The capsule carries the same
     shape, strides and dtype, so the binding checks it the same way."""
-    torch = sys.modules.get("torch")
+    torch = _torch.loaded()
     if torch is None or not isinstance(x, torch.Tensor) or x.requires_grad or x.device.type != "cpu":
         return x
     return torch.utils.dlpack.to_dlpack(x)

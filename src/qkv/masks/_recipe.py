@@ -14,19 +14,15 @@ without values, and it is read, checked and planned where the operator runs.
 
 import ast
 import functools
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from .. import _torch
 from ._mask import Mask
 
-
-def compiling() -> bool:
-    """Whether torch is tracing this code (``torch.compile`` / ``torch.export``)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and bool(torch.compiler.is_compiling())
+compiling = _torch.compiling
 
 
 def lazy(name: str, recipe: Any) -> Mask:
@@ -57,7 +53,7 @@ def recorded(constructor: Callable[..., Mask]) -> Callable[..., Mask]:
 def _is_array(x: Any) -> bool:
     if isinstance(x, np.ndarray):
         return True
-    torch = sys.modules.get("torch")
+    torch = _torch.loaded()
     return torch is not None and isinstance(x, torch.Tensor)
 
 
