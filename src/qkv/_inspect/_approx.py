@@ -32,6 +32,7 @@ from .. import approx, diagnostics, masks, scores
 from .._checks import check_int
 from .._core import attention
 from ..errors import ArgumentError
+from ._json import floats
 
 METHODS = ("window", "longformer", "bigbird", "performer", "linformer")
 MASKED = METHODS[:3]
@@ -93,17 +94,15 @@ class Approximations:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: the tables as nested lists of float32 values, None where NaN or infinite."""
-        from ._inspection import _floats
-
         return {
             "methods": list(self.methods),
             "labels": list(self.labels),
             "params": dict(self.params),
             "layer_ids": list(self.layer_ids),
             "head_ids": list(self.head_ids),
-            "error": _floats(self.error),
-            "kl": _floats(self.kl),
-            "mass_outside": _floats(self.mass_outside),
+            "error": floats(self.error),
+            "kl": floats(self.kl),
+            "mass_outside": floats(self.mass_outside),
             "summary": self.summary(),
         }
 

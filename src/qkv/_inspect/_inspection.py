@@ -10,18 +10,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArgumentError
-
-
-def _floats(x: np.ndarray) -> Any:
-    """Nested lists of the float32 values (non-finite as None: strict JSON has no NaN)."""
-    a = np.asarray(x, dtype=np.float32)
-    return a.tolist() if np.isfinite(a).all() else _nulls(a)
-
-
-def _nulls(a: np.ndarray) -> Any:
-    if a.ndim == 0:
-        return float(a) if np.isfinite(a) else None
-    return [_nulls(x) for x in a]
+from ._approx import approximate
+from ._json import floats as _floats
 
 
 @dataclass(frozen=True)
@@ -131,8 +121,6 @@ class Inspection:
         ``linformer``: keys projected onto their top ``rank`` principal directions and the value
         projection fitted by least squares to this head's weights (not for causal models).
         """
-        from ._approx import approximate
-
         return approximate(
             self,
             window=window,
