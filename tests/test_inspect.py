@@ -293,6 +293,36 @@ def test_a_tiny_decoder_is_inspected_causally(tmp_path, minilm):
     assert insp.tokens == minilm.tokenizer.convert_ids_to_tokens(minilm.tokenizer("a small decoder")["input_ids"])
 
 
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma2"])
+def test_decoders_the_messages_recommend_are_inspected_like_eager(tmp_path, minilm, arch):
+    """Llama (GQA), Mistral (a sliding window shorter than the text) and Gemma 2 (sliding and
+    global layers, softcap): qkv.inspect crashed on Mistral and Gemma 2 (the mask it read was a
+    qkv object, not a tensor); the weights it captures equal eager's, window included."""
+    import transformers
+    from transformers import AutoModel
+
+    common = dict(
+        vocab_size=30522, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, bos_token_id=101, eos_token_id=102, pad_token_id=0,
+    )  # fmt: skip
+    config = {
+        "llama": lambda: transformers.LlamaConfig(**common),
+        "mistral": lambda: transformers.MistralConfig(**common, sliding_window=3),
+        "gemma2": lambda: transformers.Gemma2Config(**common, head_dim=8, sliding_window=3),
+    }[arch]()
+    folder = _save_tiny(tmp_path, config, minilm)
+    insp = qkv.inspect("one two three four five six", folder)
+    assert insp.causal and insp.weights.shape[:2] == (2, 4)
+    eager = AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        attn = eager(torch.tensor([insp.token_ids]), output_attentions=True).attentions
+    want = np.stack([x[0].numpy() for x in attn])
+    assert np.abs(insp.weights - want).max() < 1e-5
+    if arch != "llama":  # the window hides keys more than 3 back in a sliding layer: the capture shows it
+        n = len(insp.tokens)
+        assert not np.tril(insp.allowed[0], -3).any() and np.tril(np.ones((n, n), bool), -3).any()
+
+
 def test_an_architecture_outside_the_attention_interface_is_named(tmp_path, minilm):
     from transformers import BloomConfig
 
