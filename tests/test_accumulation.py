@@ -122,7 +122,7 @@ def test_gradients_stay_within_three_times_torch_float32_at_every_length(engine,
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("n,d,q_times", [(256, 32, 50), (512, 32, 100)])
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(8))
 def test_near_one_hot_rows_keep_float32_gradients_within_flash_attns_rule(engine, n, d, q_times, seed):
     # q x 50 (or 100) under softcap 50 and a padded window: most rows are nearly one-hot, where
     # dO Vᵀ − D is a rounding residue that |q| scales into dK (it measured 7.9e-5 against

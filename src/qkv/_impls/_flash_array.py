@@ -22,6 +22,7 @@ Output rows and gradient blocks are written into preallocated arrays through ``s
 arrays; which of the two is decided once per call.
 """
 
+import math
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,10 @@ class _Tiles:
         self.xp, self.c, self.ct = xp, c, ct
         self.q, self.kg = q, k
         self.q_block: tuple[int, Array] | None = None
+        # scale folded into q saves a pass over each tile, but only a power of two folds exactly:
+        # rounding q · 2^-2.5 (Dk = 32) put an error on each product that |q| ~ 50 made up to 4.7x
+        # torch's float32 error in dQ (torch scales the product, as the unfolded path here does)
+        self.fold_scale = math.frexp(c.scale)[0] == 0.5
         self.bad_k = bad_rows(xp, k)  # key rows holding NaN / inf: (*B, Hkv, Nk), or None (the usual case)
         # hide with where() when a hidden key or bias entry may be non-finite (NaN + -inf is NaN)
         self.exact_hide = self.bad_k is not None or (c.bias is not None and bad_rows(xp, c.bias) is not None)
@@ -84,12 +89,13 @@ class _Tiles:
         kb = kb if kb.dtype == self.ct else self.xp.astype(kb, self.ct)
         return kb if self.bad_k is None else zeroed(self.xp, kb, self.bad_k[..., k0:k1])
 
-    def _scaled_q(self, q0: int, q1: int) -> Array:
-        """``q[q0:q1] · scale`` in the compute dtype, kept while the row of tiles lasts."""
+    def _q_block(self, q0: int, q1: int) -> Array:
+        """``q[q0:q1]`` in the compute dtype (times ``scale`` when ``fold_scale``), kept while the
+        row of tiles lasts."""
         if self.q_block is None or self.q_block[0] != q0:
             qb = group_q(self.xp, self.q[..., q0:q1, :], self.c.dims)
-            qb = (qb if qb.dtype == self.ct else self.xp.astype(qb, self.ct)) * self.c.scale
-            self.q_block = (q0, qb)
+            qb = qb if qb.dtype == self.ct else self.xp.astype(qb, self.ct)
+            self.q_block = (q0, qb * self.c.scale if self.fold_scale else qb)
         return self.q_block[1]
 
     def scores(self, q0: int, q1: int, k0: int, k1: int, cls: int) -> tuple[Array, Any]:
@@ -97,7 +103,9 @@ class _Tiles:
         kb = self.kg[..., k0:k1, :]
         if kb.dtype != self.ct:
             kb = xp.astype(kb, self.ct)
-        s = ungroup(xp, self._scaled_q(q0, q1) @ kb.mT, d)  # scale folded into q: one pass fewer
+        s = ungroup(xp, self._q_block(q0, q1) @ kb.mT, d)
+        if not self.fold_scale:
+            s = imul_(s, self.c.scale, in_place(s))
         grad = None
         if c.score_mod is not None:
             i, j = np.arange(q0, q1)[:, None], np.arange(k0, k1)[None, :]
@@ -122,14 +130,27 @@ def _values(xp: Any, p: Array, vb: Array, bad: Array | None) -> Array:
     return xp.where(reads[..., None], p @ vb, p @ zeroed(xp, vb, bad))
 
 
-def _kahan(acc: Array, comp: Array, t: Array, alpha: Any = None) -> tuple[Array, Array]:
-    """``acc · alpha + t`` (alpha None: 1) with the Kahan carry ``comp`` rescaled along: returns
-    the new ``(acc, comp)``. Each tile is summed from zero by its matmul and the tiles meet here,
-    so N keys err like one tile's sum, not like ``N / block_k`` rounded additions."""
-    a = acc if alpha is None else acc * alpha
-    y = t - (comp if alpha is None else comp * alpha)
-    s = a + y
-    return s, (s - a) - y
+def _kahan(acc: Array, err: Array, t: Array, alpha: Any, inplace: bool) -> tuple[Array, Array]:
+    """``acc · alpha + t`` (alpha None: 1), compensated: ``err`` holds what ``acc``'s rounding lost
+    (Kahan's carry, negated), rescaled along. Returns the new ``(acc, err)``. Each tile is summed
+    from zero by its matmul and the tiles meet here, so N keys err like one tile's sum, not like
+    ``N / block_k`` rounded additions. ``inplace`` (NumPy, torch): ``acc``, ``err`` and ``t`` (a
+    fresh array the caller gives up) are overwritten, with no temporaries: the tile loop's
+    elementwise passes are memory-bound."""
+    if not inplace:
+        a = acc if alpha is None else acc * alpha
+        y = t + (err if alpha is None else err * alpha)
+        s = a + y
+        return s, (a - s) + y
+    if alpha is not None:
+        acc = imul_(acc, alpha, True)
+        err = imul_(err, alpha, True)
+    t += err  # y
+    err[...] = acc  # a
+    acc += t  # s = a + y
+    err -= acc  # a - s: exact (Kahan)
+    err += t  # (a - s) + y: what s lost
+    return acc, err
 
 
 def _wide_dtype(xp: Any, x: Array, ct: Any) -> Any:
@@ -161,7 +182,7 @@ def forward(c: Call, block_q: int, block_k: int, classes: np.ndarray) -> Result:
         m = xp.full((*lead, q1 - q0, 1), -float("inf"), dtype=ct)
         l = xp.zeros((*lead, q1 - q0, 1), dtype=ct)
         acc = xp.zeros((*lead, q1 - q0, d.dv), dtype=ct)
-        acc_c, l_c = xp.zeros_like(acc), xp.zeros_like(l)  # Kahan carries (_kahan)
+        acc_e, l_e = xp.zeros_like(acc), xp.zeros_like(l)  # what the sums lost (_kahan)
         for bj in np.flatnonzero(classes[bi] != masks.EMPTY):
             k0, k1 = kblocks[bj]
             s, _ = tiles.scores(q0, q1, k0, k1, int(classes[bi, bj]))
@@ -172,11 +193,12 @@ def forward(c: Call, block_q: int, block_k: int, classes: np.ndarray) -> Result:
             vb = vg[..., k0:k1, :]
             if vb.dtype != ct:
                 vb = xp.astype(vb, ct)
-            l, l_c = _kahan(l, l_c, xp.sum(p, axis=-1, keepdims=True), alpha)  # the denominator sees every weight
+            l, l_e = _kahan(l, l_e, xp.sum(p, axis=-1, keepdims=True), alpha, inplace)  # every weight counts
             if c.dropout > 0:  # only what reaches V is dropped (inverted dropout, arXiv:2307.08691 §3.1)
                 p = tiles.dropped(p, q0, q1, k0, k1)
             bad = None if bad_v is None else bad_v[..., k0:k1]
-            acc, acc_c = _kahan(acc, acc_c, ungroup(xp, _values(xp, group_q(xp, p, d), vb, bad), d), alpha)
+            pv = ungroup(xp, _values(xp, group_q(xp, p, d), vb, bad), d)
+            acc, acc_e = _kahan(acc, acc_e, pv, alpha, inplace)
             m = m_new
             del s, p  # free this tile before the next one is allocated: one score tile alive, not two
         o, row_lse = finalise(xp, acc, l, m)
@@ -235,7 +257,7 @@ def backward(
     dq = xp.zeros((*lead, d.nq, d.dk), dtype=ct)
     dk = xp.zeros((*kv_lead, d.nk, d.dk), dtype=ct)
     dv = xp.zeros((*kv_lead, d.nk, d.dv), dtype=ct)
-    dk_c, dv_c = xp.zeros_like(dk), xp.zeros_like(dv)  # Kahan carries over the query blocks (_kahan)
+    dk_e, dv_e = xp.zeros_like(dk), xp.zeros_like(dv)  # what the sums over query blocks lost (_kahan)
     wide = _wide_dtype(xp, c.q, ct)
     db_bias = xp.zeros(tuple(c.bias.shape), dtype=ct) if dbias and c.bias is not None else None
     kblocks = _blocks(d.nk, block_k)
@@ -253,7 +275,7 @@ def backward(
         if qb.dtype != ct:
             qb = xp.astype(qb, ct)
         dq_acc = xp.zeros((*lead, q1 - q0, d.dk), dtype=ct)
-        dq_c = xp.zeros_like(dq_acc)
+        dq_e = xp.zeros_like(dq_acc)
         for bj in np.flatnonzero(classes[bi] != masks.EMPTY):
             k0, k1 = kblocks[bj]
             s, grad = tiles.scores(q0, q1, k0, k1, int(classes[bi, bj]))
@@ -266,16 +288,16 @@ def backward(
             rows = (..., slice(k0, k1), slice(None))
             da = ungroup(xp, dog @ vb.mT, d)  # dA of the weights that reached V
             if c.dropout > 0:  # the same mask as the forward pass: O = (A ∘ Z) V, Z = keep / (1 − p)
-                dv, dv_c = _add_rows(dv, dv_c, rows, group_q(xp, tiles.dropped(a, q0, q1, k0, k1), d).mT @ dog, inplace)
+                dv, dv_e = _add_rows(dv, dv_e, rows, group_q(xp, tiles.dropped(a, q0, q1, k0, k1), d).mT @ dog, inplace)
                 da = tiles.dropped(da, q0, q1, k0, k1)
             else:
-                dv, dv_c = _add_rows(dv, dv_c, rows, group_q(xp, a, d).mT @ dog, inplace)
+                dv, dv_e = _add_rows(dv, dv_e, rows, group_q(xp, a, d).mT @ dog, inplace)
             ds = a * (da - db)  # D = rowsum(dO ∘ O) = rowsum(dA ∘ A) with or without dropout
             if db_bias is not None:  # the bias is added after the score mod: its gradient is dS itself
                 db_bias = _add_bias_grad(xp, db_bias, ds, q0, q1, k0, k1, inplace)
             ds = through(ds, grad)
-            dq_acc, dq_c = _kahan(dq_acc, dq_c, ungroup(xp, group_q(xp, ds, d) @ kb, d))
-            dk, dk_c = _add_rows(dk, dk_c, rows, group_q(xp, ds, d).mT @ qb, inplace)
+            dq_acc, dq_e = _kahan(dq_acc, dq_e, ungroup(xp, group_q(xp, ds, d) @ kb, d), None, inplace)
+            dk, dk_e = _add_rows(dk, dk_e, rows, group_q(xp, ds, d).mT @ qb, inplace)
             del s, a, ds, grad  # free this tile's arrays before the next tile's
         dq = set_(dq, (..., slice(q0, q1), slice(None)), dq_acc, inplace)
     dq = imul_(dq, c.scale, inplace)  # in place: no second N x D buffer
@@ -284,10 +306,14 @@ def backward(
     return grads if db_bias is None else (*grads, cast(xp, db_bias, c.bias.dtype))  # type: ignore[union-attr]
 
 
-def _add_rows(x: Array, comp: Array, rows: Any, t: Array, inplace: bool) -> tuple[Array, Array]:
-    """``x[rows] += t`` compensated (``_kahan``), the carry in ``comp[rows]``."""
-    s, cs = _kahan(x[rows], comp[rows], t)
-    return set_(x, rows, s, inplace), set_(comp, rows, cs, inplace)
+def _add_rows(x: Array, err: Array, rows: Any, t: Array, inplace: bool) -> tuple[Array, Array]:
+    """``x[rows] += t`` compensated (``_kahan``), what it lost in ``err[rows]``: in place through
+    the views ``x[rows]``, ``err[rows]`` where arrays are mutable, else by ``set_``."""
+    if inplace:
+        _kahan(x[rows], err[rows], t, None, True)
+        return x, err
+    s, e = _kahan(x[rows], err[rows], t, None, False)
+    return set_(x, rows, s, False), set_(err, rows, e, False)
 
 
 def _add_bias_grad(xp: Any, dbias: Array, ds: Array, q0: int, q1: int, k0: int, k1: int, inplace: bool) -> Array:
