@@ -21,11 +21,13 @@ import subprocess
 import sys
 import time
 
-CASES = {  # name -> (Nq, Nk, causal, backward)
-    "dense fwd N=4096": (4096, 4096, False, False),
-    "causal fwd N=8192": (8192, 8192, True, False),
-    "dense fwd+bwd N=2048": (2048, 2048, False, True),
-    "decode Nq=1 Nk=65536": (1, 65536, False, False),
+CASES = {  # name -> (Nq, Nk, causal, backward, softcap)
+    "dense fwd N=4096": (4096, 4096, False, False, None),
+    "causal fwd N=8192": (8192, 8192, True, False, None),
+    "dense fwd+bwd N=2048": (2048, 2048, False, True, None),
+    "softcap fwd N=4096": (4096, 4096, False, False, 50.0),
+    "softcap fwd+bwd N=2048": (2048, 2048, False, True, 50.0),
+    "decode Nq=1 Nk=65536": (1, 65536, False, False, None),
     "tile step, 1 thread, L1": None,  # _microbench(3): S, softmax, P V and the O update of one 16 x 128 tile
 }
 
@@ -35,6 +37,7 @@ def worker() -> None:
     import torch
 
     import qkv
+    from qkv import scores
     from qkv._impls import build_call
 
     g = torch.Generator().manual_seed(0)
@@ -44,7 +47,8 @@ def worker() -> None:
         if CASES[name] is None:  # seconds per GFLOP, best of 3
             print(json.dumps(1 / max(qkv._native._ext._microbench(3, 20000) for _ in range(3))), flush=True)
             continue
-        nq, nk, causal, bwd = CASES[name]
+        nq, nk, causal, bwd, cap = CASES[name]
+        kw = {"causal": causal, "score_mod": None if cap is None else scores.softcap(cap)}
         if name not in made:
             made[name] = [torch.randn(1, 8, n, 64, generator=g) for n in (nq, nk, nk, nq)]
         q, k, v, do = made[name]
@@ -52,7 +56,7 @@ def worker() -> None:
         for _ in range(3):
             t = [x.clone().requires_grad_(bwd) for x in (q, k, v)]
             t0 = time.perf_counter()
-            out = qkv._core.run(build_call(*t, causal=causal, engine="native"), "flash").out
+            out = qkv._core.run(build_call(*t, engine="native", **kw), "flash").out
             if bwd:
                 out.backward(do)
             best = min(best, time.perf_counter() - t0)
