@@ -9,12 +9,16 @@ with right and with left padding. The two differ by float32 rounding (~1e-6 of t
 scale here); the bugs this finds are off by 1e-3 to 1 (a mask misread, causality guessed), so
 the tolerance is ``1e-4`` of the logits' scale. (Not float64: eager's softmax runs in float32
 even then, turns float64's "minus infinity" mask into -inf, and a fully padded row's NaN
-reaches every token through the next layer's keys.) Causal and seq2seq LMs also generate with a
+reaches every token through the next layer's keys.) Then the weights ``output_attentions=True``
+returns (every layer, self and cross) and every parameter's gradient of a random weighting of
+the outputs (to ``1e-3`` of the largest gradient). Causal and seq2seq LMs also generate with a
 dynamic and a static cache (greedy tokens equal to eager's).
 
 Each model is built twice from the same config, under eager and under ``"qkv"`` (models that
 pick their attention classes at ``__init__`` do it then), with the same weights. ``sweep()``
-gives one ``Outcome`` per model type and head: ``matches`` (and qkv ran), ``refused`` (qkv
+gives one ``Outcome`` per model type and head: ``matches`` (and qkv ran), ``weights`` (matches
+but for the weights ``output_attentions`` returns, by a convention of the model's own eager code:
+``SINK_SCALED``), ``refused`` (qkv
 raised ``ArgumentError`` at load or at the first forward: the reason), ``unbuildable`` (no
 text model can be built here from a shrunk default config: the reason), ``unused`` (it ran, but
 no layer called qkv on a text input), or ``differs`` (the check that differed, or a crash under
@@ -32,6 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 VOCAB, SEQ, PAD, NEW = 128, 9, 3, 4
 TOL = 1e-4
 MAX_PARAMETERS = 8_000_000
+GRAD_TOL = 1e-3  # of the largest gradient entry: float32 sums of many terms, bugs are off by O(1)
 
 SIZES = {
     # name -> shrunk value, applied wherever a config (or a sub-config) has the attribute
@@ -56,11 +61,19 @@ SIZES = {
 TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1}
 
 
+SINK_SCALED = {
+    name: "`output_attentions`: qkv returns the weights applied to V (normalised with the sink, as "
+    "gpt-oss's eager does); this model's eager returns its softmax before the sink scales the output"
+    for name in ("granite_swa", "granitemoe_swa")
+}
+"""Models whose eager attention returns, with a sink, weights other than those it applies to V."""
+
+
 class Outcome(NamedTuple):
     model_type: str
     auto: str
     cls: str  # the class transformers' mapping names for this head
-    status: str  # "matches" | "refused" | "unbuildable" | "unused" | "differs"
+    status: str  # "matches" | "weights" | "refused" | "unbuildable" | "unused" | "differs"
     why: str
 
 
@@ -161,9 +174,67 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:200]
 
 
+def _attentions_differ(eager: Any, model: Any, kw: dict[str, Any]) -> str:
+    """Why ``output_attentions=True`` weights differ between the models ("" if they agree): every
+    layer's weights (self, cross), first sequence (unpadded), to ``TOL``."""
+    import torch
+
+    with torch.no_grad():
+        try:
+            want = eager(**kw, output_attentions=True)
+        except Exception:  # noqa: BLE001 - eager cannot return weights here: nothing to compare
+            return ""
+        got = model(**kw, output_attentions=True)
+    for name in ("attentions", "encoder_attentions", "decoder_attentions", "cross_attentions"):
+        a, b = getattr(got, name, None), getattr(want, name, None)
+        if b is None or not isinstance(b, tuple) or not all(isinstance(x, torch.Tensor) for x in b):
+            continue
+        if a is None or len(a) != len(b):
+            return f"output_attentions: {name} missing under qkv"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if x.shape != y.shape or not float((x[0] - y[0]).abs().max()) <= TOL:
+                return f"output_attentions: {name}[{i}] differs"
+    return ""
+
+
+def _gradients_differ(eager: Any, model: Any, kw: dict[str, Any], kind: str) -> str:
+    """Why the gradients of every parameter differ between the models ("" if they agree), for a
+    fixed random weighting of the real tokens' outputs; to ``GRAD_TOL`` of the largest."""
+    import torch
+
+    grads = []
+    for m in (eager, model):
+        m.zero_grad(set_to_none=True)
+        out = _output(m(**kw))
+        rows = _rows(kw, kind) if tuple(out.shape[:2]) == (2, SEQ) else slice(None)
+        w = torch.randn(out[rows].shape, generator=torch.Generator().manual_seed(3))
+        (out[rows] * w).sum().backward()
+        grads.append({n: p.grad for n, p in m.named_parameters() if p.grad is not None})
+    want, got = grads
+    if set(want) != set(got):
+        return f"gradients: parameters {sorted(set(want) ^ set(got))[:3]} reached by one model only"
+    scale = max((float(g.abs().max()) for g in want.values()), default=0.0)
+    for name, g in want.items():
+        if not float((got[name] - g).abs().max()) <= GRAD_TOL * max(scale, 1e-6):
+            return f"gradients: {name} differs"
+    return ""
+
+
 def check(model_type: str, auto: str, kind: str, cls: str = "") -> Outcome:
     """Build ``model_type`` shrunk, once under eager and once under ``"qkv"`` (the same weights),
-    and compare them (float32); see the module docstring. ``matches`` only where qkv ran."""
+    and compare them (float32); see the module docstring. ``matches`` only where qkv ran.
+
+    Warnings are ignored here: the outcome must not depend on whether they are errors (pytest's
+    ``filterwarnings = error`` vs the table script), and tiny configs make transformers warn
+    (zero-element layers, out-of-vocabulary special tokens)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _check(model_type, auto, kind, cls)
+
+
+def _check(model_type: str, auto: str, kind: str, cls: str = "") -> Outcome:
     import torch
     import transformers
     from transformers import AutoConfig
@@ -223,6 +294,13 @@ def check(model_type: str, auto: str, kind: str, cls: str = "") -> Outcome:
             return outcome("differs", f"{padded} padding: logits off by {err:.3g}")
     if calls[0] == ran:
         return outcome("unused", "no layer called qkv on a text input")
+    kw = _batch(kind, "right", g)
+    weights = _attentions_differ(eager, model, kw)
+    if weights and model_type not in SINK_SCALED:
+        return outcome("differs", weights)
+    why = _gradients_differ(eager, model, kw, kind)
+    if why:
+        return outcome("differs", why)
     if kind in ("causal", "seq2seq"):
         for cache in ("dynamic", "static"):
             kw = _batch(kind, "left", g)
@@ -240,7 +318,7 @@ def check(model_type: str, auto: str, kind: str, cls: str = "") -> Outcome:
                 return outcome("differs", f"generate ({cache}): " + traceback.format_exc(limit=-2)[-300:])
             if not torch.equal(got, want):
                 return outcome("differs", f"generate ({cache} cache): tokens differ")
-    return outcome("matches")
+    return outcome("weights", SINK_SCALED[model_type]) if weights else outcome("matches")
 
 
 def register_once() -> None:
