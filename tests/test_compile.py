@@ -86,6 +86,14 @@ def test_a_compiled_call_is_one_graph_and_equals_eager(name):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
 
 
+def test_a_compiled_call_is_one_graph_with_jax_imported_too():
+    """With jax imported, recognising a JAX array went through array_api_compat's lru_cached check,
+    which torch's tracer warns about (an error under warnings-as-errors) for `scores.alibi()`'s
+    slopes (None): an order-dependent failure of the suite."""
+    pytest.importorskip("jax")
+    test_a_compiled_call_is_one_graph_and_equals_eager("alibi")
+
+
 @pytest.mark.slow
 def test_inductor_compiles_it_too():
     def fn(q, k, v):

@@ -61,10 +61,13 @@ def kind(x: Any) -> str:
     return "torch" if is_torch(x) else "jax" if is_jax(x) else "numpy"
 
 
+_NOT_JAX = (np.ndarray, np.generic, bool, int, float, complex, str, bytes, list, tuple, dict)
+
+
 def is_jax(x: Any) -> bool:
     """True for a ``jax.Array`` or a JAX tracer (without importing jax)."""
-    if isinstance(x, np.ndarray) or "jax" not in sys.modules or is_torch(x):
-        return False
+    if x is None or isinstance(x, _NOT_JAX) or "jax" not in sys.modules or is_torch(x):
+        return False  # before array_api_compat's check: it is lru_cached, which torch's tracer warns about
     return bool(array_api_compat.is_jax_array(x))
 
 
