@@ -45,7 +45,7 @@ def reach(offset: int | None, lo: float, hi: float, nq: int, nk: int) -> tuple[i
     is exact only for one-sided bands: a window far to one side would slide back onto the keys.)
     """
     o = aligned(nq, nk) if offset is None else int(offset)
-    return min(max(o - hi, -nq), nk), min(max(o - lo, -nq), nk)
+    return int(min(max(o - hi, -nq), nk)), int(min(max(o - lo, -nq), nk))  # int: a finite float band
 
 
 def check_offset(offset: object, name: str) -> int | None:

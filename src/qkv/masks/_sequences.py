@@ -143,7 +143,7 @@ def padding(
     lw, rw = window_sides(window, causal, "padding")
     left = check_flag(left, "padding left", error=MaskError)
 
-    def sequences(nq: int, nk: int) -> tuple[np.ndarray, ...]:
+    def sequences(nq: int, nk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         k_len = np.minimum(kl, nk)
         q_len = np.full_like(k_len, nq) if ql is None else np.minimum(ql, nq)
         q_start = nq - q_len if left else np.zeros_like(q_len)
@@ -204,7 +204,7 @@ def packed(cu_seqlens_q: Any, cu_seqlens_k: Any = None, *, causal: bool = False,
     lw, rw = window_sides(window, causal, "packed")
     nq_, nk_ = int(cq[-1]), int(ck[-1])
 
-    def sequences(i: np.ndarray, nq: int, nk: int) -> tuple[np.ndarray, ...]:
+    def sequences(i: np.ndarray, nq: int, nk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         if (nq, nk) != (nq_, nk_):
             raise MaskError(
                 f"packed sequences cover Nq={nq_} queries and Nk={nk_} keys (cu_seqlens' last entries), "

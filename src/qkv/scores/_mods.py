@@ -167,7 +167,7 @@ def _relative_bias(t: Any, m: int, shift: np.ndarray | None) -> ScoreMod:
     tensors = (t,) if is_array(t) else ()
     if shift is not None:
         return additive_mod(bias, f"{name} per sequence", tensors)
-    native = (("relbias", t if t.ndim == 2 else t[None], m),)
+    native: tuple[tuple[str, Any, int], ...] | None = (("relbias", t if t.ndim == 2 else t[None], m),)
     if not is_traced(t) and not np.isfinite(np.asarray(to_numpy(t), dtype=np.float64)).all():
         native = None  # a -inf entry hides a distance: the array engine's (the compiled kernel takes finite tables)
     return additive_mod(bias, name, tensors, native, lambda sh: _relative_bias(t, m, sh))
