@@ -45,6 +45,7 @@ CASES = {  # name -> attention keywords (built per call: the masks made inside t
     "prefix-lm": lambda: {"mask": masks.prefix_lm(6)},
     "longformer": lambda: {"mask": masks.sliding_window(4, causal=False) | masks.global_tokens([0, 3])},
     "dilated": lambda: {"mask": masks.dilated(3, 2)},
+    "chunked": lambda: {"mask": masks.chunked(5)},
     "bool-array": lambda: {"mask": ALLOWED},
     "float-bias": lambda: {"mask": masks.causal(), "bias": BIAS},
     "softcap": lambda: {"causal": True, "score_mod": scores.softcap(2.0)},

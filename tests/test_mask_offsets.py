@@ -25,6 +25,9 @@ KINDS = {  # name: (constructor(offset), the definition over Python ints with d 
     "pair-unbounded-right": (lambda o: masks.sliding_window((2, -1), causal=False, offset=o), lambda i, j, d: d <= 2),
     "pair-unbounded-left": (lambda o: masks.sliding_window((-1, 1), causal=False, offset=o), lambda i, j, d: d >= -1),
     "pair-causal": (lambda o: masks.sliding_window((-1, -1), offset=o), lambda i, j, d: d >= 0),
+    # causal within chunks counted from key 0: p = i + offset = d + j
+    "chunked": (lambda o: masks.chunked(3, offset=o), lambda i, j, d: d >= 0 and j // 3 == (d + j) // 3),
+    "chunked-1": (lambda o: masks.chunked(1, offset=o), lambda i, j, d: d == 0),
 }
 SIZES = [(5, 7), (7, 5), (1, 9)]
 

@@ -8,8 +8,9 @@ returns a *lazy mask tensor* instead: a real ``torch.Tensor`` (boolean, ``(B, 1,
 ``sdpa_mask`` gives) whose values are only computed when code other than qkv reads them (an
 indexing, ``generate`` feeding it back, a model adding it to its scores), and which carries the
 ``Structure`` qkv reads instead: ``masks.causal()``, ``masks.sliding_window(w)``,
-``masks.padding(lengths, causal=True, window=w, left=True)`` or "every key" (a bidirectional mask
-without padding), whose tiles are known analytically. One tensor serves every layer of a forward
+``masks.chunked(c)`` (Llama 4's chunked layers), ``masks.padding(lengths, causal=True, window=w,
+left=True)`` or "every key" (a bidirectional mask without padding), whose tiles are known
+analytically. One tensor serves every layer of a forward
 pass, so whatever the kernel derives from it per shape is computed once (``masks.plan``'s cache).
 """
 
@@ -58,12 +59,14 @@ def _refuse_sum(func: Any, args: Any) -> None:
 
 class Structure(NamedTuple):
     """What a lazy mask tensor stands for: ``mask`` (a qkv ``Mask``, bottom-right aligned, batch
-    axis from the padding lengths; None: every key), ``window`` (the sliding window or None) and
-    ``padded`` (whether some sequence is left-padded)."""
+    axis from the padding lengths; None: every key), ``window`` (the sliding window or None),
+    ``padded`` (whether some sequence is left-padded) and ``chunk`` (chunked attention's size or
+    None)."""
 
     mask: Mask | None
     window: int | None
     padded: bool
+    chunk: int | None = None
 
 
 _DEFINED: list[type] = []
@@ -137,27 +140,34 @@ def plain(mask: Any) -> Any:
     return mask.dense() if _DEFINED and isinstance(mask, _DEFINED[0]) else mask  # type: ignore[attr-defined]
 
 
-def _window(mask_function: Any) -> tuple[bool, int | None]:
-    """``(known, window)``: whether ``mask_function`` is transformers' causal mask (window None) or
-    its sliding-window causal mask (the window), read off the closures ``and_masks`` and
-    ``sliding_window_overlay`` build. Anything else (packed sequences, image-token overlays,
-    chunked attention, another transformers version's layout) is not known."""
+def _pattern(mask_function: Any) -> tuple[bool, int | None, int | None]:
+    """``(known, window, chunk)``: whether ``mask_function`` is transformers' causal mask, its
+    sliding-window causal mask (the window) or its chunked causal mask with no left padding (the
+    chunk size), read off the closures ``and_masks``, ``sliding_window_overlay`` and
+    ``chunked_overlay`` build. Anything else (packed sequences, image-token overlays, chunks
+    shifted by padding, another transformers version's layout) is not known."""
     from transformers.masking_utils import causal_mask_function
 
     if mask_function is causal_mask_function:
-        return True, None
+        return True, None, None
     if getattr(mask_function, "__qualname__", "") != "and_masks.<locals>.and_mask":
-        return False, None
+        return False, None, None
     cells = dict(zip(mask_function.__code__.co_freevars, mask_function.__closure__ or (), strict=False))
     parts: tuple[Any, ...] = tuple(cells["mask_functions"].cell_contents) if "mask_functions" in cells else ()
     if len(parts) != 2 or parts[1] is not causal_mask_function:
-        return False, None
+        return False, None, None
     overlay = parts[0]
-    if getattr(overlay, "__qualname__", "") != "sliding_window_overlay.<locals>.inner_mask":
-        return False, None
-    inner = dict(zip(overlay.__code__.co_freevars, overlay.__closure__ or (), strict=False))
-    window = inner["sliding_window"].cell_contents if "sliding_window" in inner else None
-    return (True, window) if isinstance(window, int) and window > 0 else (False, None)
+    kind = getattr(overlay, "__qualname__", "")
+    code = getattr(overlay, "__code__", None)
+    inner = {} if code is None else dict(zip(code.co_freevars, overlay.__closure__ or (), strict=False))
+    if kind == "sliding_window_overlay.<locals>.inner_mask":
+        window = inner["sliding_window"].cell_contents if "sliding_window" in inner else None
+        return (True, window, None) if isinstance(window, int) and window > 0 else (False, None, None)
+    if kind == "chunked_overlay.<locals>.inner_mask" and {"chunk_size", "left_padding"} <= inner.keys():
+        chunk, shifts = inner["chunk_size"].cell_contents, inner["left_padding"].cell_contents
+        unshifted = shifts is None or not bool((shifts != 0).any())  # chunks counted from each sequence's start
+        return (True, None, chunk) if isinstance(chunk, int) and chunk > 0 and unshifted else (False, None, None)
+    return False, None, None
 
 
 def _left_padding_lengths(attention_mask: Any, kv_offset: int, kv_length: int) -> tuple[bool, list[int] | None]:
@@ -192,12 +202,14 @@ def structured(
     if mask_function is bidirectional_mask_function:
         known, lengths = _left_padding_lengths(attention_mask, kv_offset, kv_length)
         return Structure(None, None, False) if known and lengths is None else None
-    known, window = _window(mask_function)
+    known, window, chunk = _pattern(mask_function)
     if not known:
         return None
     known, lengths = _left_padding_lengths(attention_mask, kv_offset, kv_length)
     if not known:
         return None
+    if chunk is not None:  # chunks counted from key 0: the keys must start at position 0, unpadded
+        return Structure(masks.chunked(chunk), None, False, chunk) if lengths is None and kv_offset == 0 else None
     if lengths is not None:
         return Structure(masks.padding(lengths, causal=True, window=window, left=True), window, True)
     return Structure(masks.causal() if window is None else masks.sliding_window(window), window, False)

@@ -178,7 +178,7 @@ def forward(
         and impl in ("auto", "flash")
         and not (dropout and getattr(module, "training", False))
         and not want_weights
-        and (attention_mask is None or (structure is not None and not structure.padded))
+        and (attention_mask is None or (structure is not None and not structure.padded and structure.chunk is None))
     ):  # a decode step against the cache: the lean path, as little Python as possible
         window = None if structure is None else structure.window
         if window is not None:  # one query, the last of the keys: its window is the last `window` keys

@@ -37,6 +37,7 @@ from ._plan import lead_shape as lead_shape
 from ._plan import plan as plan
 from ._plan import shared_classes as shared_classes
 from ._positions import causal as causal
+from ._positions import chunked as chunked
 from ._positions import dilated as dilated
 from ._positions import prefix_lm as prefix_lm
 from ._positions import sliding_window as sliding_window
@@ -62,6 +63,7 @@ __all__ = [
     "PARTIAL",
     "Mask",
     "causal",
+    "chunked",
     "dilated",
     "document",
     "from_dense",

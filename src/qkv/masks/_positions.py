@@ -140,6 +140,54 @@ def sliding_window(size: int | tuple[int, int], causal: bool = True, *, offset: 
     return _band(-(size - 1), size - 1, offset, f"sliding_window({size}, causal=False{suffix(offset)})")
 
 
+@recorded
+def chunked(size: int, *, offset: int | None = None) -> Mask:
+    """Causal attention within fixed chunks of ``size`` positions: the query at aligned position
+    ``p`` sees the keys ``j`` with ``j <= p`` in its own chunk, ``j // size == p // size`` (Llama
+    4's chunked attention; FlashAttention-3's ``attention_chunk``). Chunks are counted from key 0;
+    ``p = i + offset``, ``offset=None`` is ``Nk - Nq`` (bottom-right), ``0`` top-left, as for
+    ``causal``. Each row attends one interval of keys and tile classes are exact, so the kernels
+    skip every tile outside the chunks. Nq=Nk=5, size=2:
+
+        █ · · · ·
+        █ █ · · ·
+        · · █ · ·
+        · · █ █ ·
+        · · · · █
+    """
+    size = length(size, "chunked size")
+    offset = check_offset(offset, "chunked")
+
+    def at(nq: int, nk: int) -> int:
+        # beyond [-Nq - 1, Nk + size] every row attends nothing either way: small int64 arithmetic
+        o = aligned(nq, nk) if offset is None else offset
+        return min(max(o, -nq - 1), nk + size)
+
+    def start(p: np.ndarray) -> np.ndarray:  # the first position of p's chunk (floor: p may be negative)
+        return p - p % size
+
+    def allowed(i, j, nq, nk):
+        p = i + at(nq, nk)
+        return (j <= p) & (j >= start(p))
+
+    def tiles(q0, q1, k0, k1, nq, nk):
+        o = at(nq, nk)
+        p0, p1 = q0 + o, q1 - 1 + o
+        # some row p of the tile sees key j iff start(p) <= j <= p, i.e. p in [j, end of j's chunk]:
+        # the best candidate is the largest key the last row can see
+        j = np.minimum(k1 - 1, p1)
+        some = (j >= k0) & (start(j) + size - 1 >= p0)
+        full = (p0 >= k1 - 1) & (start(p1) <= k0)  # the first row reaches the last key; the last chunk starts by k0
+        return np.where(~some, EMPTY, np.where(full, FULL, PARTIAL))
+
+    def rows(i, nq, nk):
+        p = i.astype(np.int64) + at(nq, nk)
+        lo = np.clip(start(p), 0, nk)
+        return lo, np.maximum(np.clip(p + 1, 0, nk), lo)
+
+    return Mask(allowed, f"chunked({size}{suffix(offset)})", tiles, rows=rows)
+
+
 def _side(x: object) -> int:
     return -1 if x in (-1, UNBOUNDED) else int(x)  # type: ignore[call-overload]
 
