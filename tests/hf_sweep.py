@@ -28,6 +28,7 @@ qkv where eager runs: a bug). Shared by ``tests/test_transformers_sweep.py`` and
 
 import copy
 import os
+import re
 import traceback
 from typing import Any, NamedTuple
 
@@ -171,7 +172,10 @@ def _calls() -> list[int]:
 
 
 def _first_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:200]
+    """The exception's type and first line, without this machine's paths (the table is the same
+    on every machine: ``<module ... from '/.../site-packages/...'>`` becomes ``<module ...>``)."""
+    line = re.sub(r" from '[^']*'", "", (str(e).splitlines() or [""])[0])
+    return f"{type(e).__name__}: {line}"[:200]
 
 
 def _attentions_differ(eager: Any, model: Any, kw: dict[str, Any]) -> str:

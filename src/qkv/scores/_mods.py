@@ -7,6 +7,7 @@ import numpy as np
 
 from .._backend import from_numpy, is_torch, is_traced, to_numpy
 from .._checks import check_int
+from .._torch import compiling
 from ..errors import ArgumentError, ShapeError
 from ._mod import ScoreMod, additive_mod, heads, is_array, per_head, positions
 
@@ -168,8 +169,10 @@ def _relative_bias(t: Any, m: int, shift: np.ndarray | None) -> ScoreMod:
     if shift is not None:
         return additive_mod(bias, f"{name} per sequence", tensors)
     native: tuple[tuple[str, Any, int], ...] | None = (("relbias", t if t.ndim == 2 else t[None], m),)
-    if not is_traced(t) and not np.isfinite(np.asarray(to_numpy(t), dtype=np.float64)).all():
-        native = None  # a -inf entry hides a distance: the array engine's (the compiled kernel takes finite tables)
+    if not is_traced(t) and not compiling() and not np.isfinite(np.asarray(to_numpy(t), dtype=np.float64)).all():
+        # a -inf entry hides a distance: the array engine's (the compiled kernel takes finite
+        # tables); while torch traces, the values cannot be read: the kernel's own check answers
+        native = None
     return additive_mod(bias, name, tensors, native, lambda sh: _relative_bias(t, m, sh))
 
 
