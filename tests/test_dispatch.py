@@ -114,3 +114,25 @@ def test_explain_reports_the_dispatch():
         trace.to_dict()["options"]["dispatch"]
         == qkv.dispatch(np.zeros((2, 600, 4)), np.zeros((2, 600, 4)), np.zeros((2, 600, 4)), causal=True)._asdict()
     )
+
+
+@pytest.mark.skipif(not qkv._native.available(), reason="compiled engine unavailable")
+def test_auto_leaves_the_portable_path_the_calls_sdpa_can_run():
+    """The portable ISA path (arm64, x86 without AVX2) runs dense work at ~0.11x SDPA: under it,
+    rule C gives the calls SDPA can run to rules 1-6; calls SDPA cannot run (NumPy, score mods)
+    stay with the compiled engine. The SIMD paths keep rule C."""
+    torch = pytest.importorskip("torch")
+    from qkv import _native, scores
+
+    q = k = v = torch.randn(1, 4, 512, 64)
+    with _native.use_isa("portable"):
+        d = qkv.dispatch(q, k, v)
+        assert d.impl == "torch" and "rule C" not in d.reason, d
+        assert qkv.dispatch(q, k, v, score_mod=scores.softcap(5.0)).engine == "native"  # SDPA cannot run it
+        qn = np.zeros((4, 512, 64), np.float32)
+        assert qkv.dispatch(qn, qn, qn).engine == "native"
+        torch.testing.assert_close(qkv.attention(q, k, v), torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    for path in _native.isas():
+        if path != "portable":
+            with _native.use_isa(path):
+                assert qkv.dispatch(q, k, v).engine == "native", path

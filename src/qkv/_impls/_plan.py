@@ -12,7 +12,9 @@ reports it (``Dispatch``) without running anything.
     C. the compiled engine runs the call (the kernel is level with or ahead of SDPA's CPU kernel
        from the smallest calls up: a (1, 8, 128, 64) causal call takes 0.11 ms against SDPA's
        0.25 ms on Zen 5; it skips the tiles a mask hides, returns lse, takes score mods,
-       grouped heads and the non-finite contract without a pass of its own)   -> "flash"
+       grouped heads and the non-finite contract without a pass of its own), unless its ISA
+       path is the portable one (no SIMD: ~0.11x SDPA on dense work) and SDPA can run the
+       call: then rules 1-6                                                   -> "flash"
     1. torch tensors, fewer than SMALL score entries per head (Nq · Nk), SDPA supports
        the call                                                                -> "torch"
     2. fewer than SMALL score entries, where tiling only adds overhead         -> "reference"
@@ -45,6 +47,9 @@ from . import flash, torch_sdpa
 from ._call import Call
 
 SMALL = 256 * 256
+PORTABLE = "portable"
+"""The compiled engine's ISA path without SIMD (arm64, x86 without AVX2): ~0.11x SDPA on dense
+work (BENCHMARKS.md), so rule C leaves it the calls SDPA can run."""
 """Below this many score entries per head the reference impl beats the array engine's tiles
 (BENCHMARKS.md); only where the compiled engine cannot run the call."""
 
@@ -175,7 +180,7 @@ def _auto(c: Call, native_ok: bool) -> tuple[str, str]:
     """``(impl name, reason)``: the fastest exact impl for ``c`` (the module's decision table)."""
     d = c.dims
     flash_why = flash.supports(c)
-    if flash_why is None and native_ok:
+    if flash_why is None and native_ok and (native.isa() != PORTABLE or torch_sdpa.supports(c) is not None):
         return "flash", "the compiled flash engine runs this call: fused tiles, hidden tiles skipped (rule C)"
     if is_jax(c.q):
         return _auto_jax(c, flash_why)
