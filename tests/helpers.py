@@ -17,6 +17,23 @@ import oracle as O
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
+def engine_params(*extra: str) -> list[Any]:
+    """pytest params ``(impl, engine)`` for the exact engines: the reference, the array engine, the
+    compiled engine (skipped with the reason when it is unavailable), then ``extra`` impls
+    (``"torch"``, ``"auto"``) with no engine."""
+    import pytest
+
+    from qkv import _native
+
+    unavailable = pytest.mark.skipif(not _native.available(), reason=f"compiled engine unavailable: {_native.reason()}")
+    return [
+        pytest.param("reference", None, id="reference"),
+        pytest.param("flash", "array", id="array-engine"),
+        pytest.param("flash", "native", id="compiled-engine", marks=unavailable),
+        *(pytest.param(name, None, id={"torch": "torch-sdpa"}.get(name, name)) for name in extra),
+    ]
+
+
 # --------------------------------------------------------------------------- inputs
 
 

@@ -8,8 +8,8 @@ import pytest
 
 import oracle as O
 import qkv
-from helpers import HAS_TORCH, assert_close, make_qkv
-from qkv import _native, masks
+from helpers import HAS_TORCH, assert_close, engine_params, make_qkv
+from qkv import masks
 from qkv._impls import build_call
 
 
@@ -36,16 +36,7 @@ def test_tiles_and_rows_match_the_definition(chunk):
             assert np.array_equal(mask.blocks(nq, nk, bq, bk), O.tile_classes(want, bq, bk)), (nq, nk, bq, bk)
 
 
-ENGINES = [
-    pytest.param("reference", None, id="reference"),
-    pytest.param("flash", "array", id="array-engine"),
-    pytest.param(
-        "flash",
-        "native",
-        id="compiled-engine",
-        marks=pytest.mark.skipif(not _native.available(), reason=f"compiled engine unavailable: {_native.reason()}"),
-    ),
-]
+ENGINES = engine_params()
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")

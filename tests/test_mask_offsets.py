@@ -11,8 +11,8 @@ import pytest
 
 import oracle as O
 import qkv
-from helpers import HAS_TORCH, assert_close, make_qkv
-from qkv import _native, masks
+from helpers import HAS_TORCH, assert_close, engine_params, make_qkv
+from qkv import masks
 from qkv._impls import build_call
 
 KINDS = {  # name: (constructor(offset), the definition over Python ints with d = i + offset - j)
@@ -73,17 +73,7 @@ def test_dense_intervals_and_tiles_match_the_definition(kind, nq, nk, offset):
 
 
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
-ENGINES = [
-    pytest.param("reference", None, id="reference"),
-    pytest.param("flash", "array", id="array-engine"),
-    pytest.param(
-        "flash",
-        "native",
-        id="compiled-engine",
-        marks=pytest.mark.skipif(not _native.available(), reason=f"compiled engine unavailable: {_native.reason()}"),
-    ),
-    pytest.param("torch", None, id="torch-sdpa"),
-]
+ENGINES = engine_params("torch")
 
 
 def oracle_backward(q, k, v, weights, out, dout, scale):

@@ -7,23 +7,12 @@ import pytest
 
 import oracle as O
 import qkv
-from helpers import HAS_TORCH, assert_close, make_qkv
+from helpers import HAS_TORCH, assert_close, engine_params, make_qkv
 from qkv import _native, masks, scores
 from qkv._impls import build_call
 from qkv.errors import ShapeError
 
-ENGINES = [
-    pytest.param("reference", None, id="reference"),
-    pytest.param("flash", "array", id="array-engine"),
-    pytest.param(
-        "flash",
-        "native",
-        id="compiled-engine",
-        marks=pytest.mark.skipif(not _native.available(), reason=f"compiled engine unavailable: {_native.reason()}"),
-    ),
-    pytest.param("torch", None, id="torch-sdpa"),
-    pytest.param("auto", None, id="auto"),
-]
+ENGINES = engine_params("torch", "auto")
 
 
 def run(impl, engine, q, k, v, library="numpy", **kw):
