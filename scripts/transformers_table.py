@@ -42,6 +42,9 @@ def rows(outcomes: list | None = None) -> list[tuple[str, str, str, str]]:
     from hf_sweep import sweep
 
     def why(text: str) -> str:
+        # a refusal's sentence names the class (already in the row) before what it would do: keep that
+        if "cannot run there: " in text:
+            text = text.split("cannot run there: ", 1)[1].split(". It supports", 1)[0]
         return text.replace("|", "/").replace("\n", " ")[:160]
 
     return [(o.model_type, o.cls, STATUS[o.status], why(o.why)) for o in (outcomes or sweep())]

@@ -264,7 +264,7 @@ def _check(model_type: str, auto: str, kind: str, cls: str = "") -> Outcome:
     try:  # built under "qkv" (models that pick attention classes at __init__ do it now)
         model = head.from_config(copy.deepcopy(config), attn_implementation="qkv").eval()
     except ArgumentError as e:
-        return outcome("refused", str(e).splitlines()[0][:200])
+        return outcome("refused", str(e).splitlines()[0])
     except Exception as e:  # noqa: BLE001 - eager builds, qkv does not: a bug (never a KeyError)
         return outcome("differs", f"load under qkv: {_first_line(e)}")
     with torch.no_grad():  # random init is small: scale weights up so attention is far from uniform
@@ -287,7 +287,7 @@ def _check(model_type: str, auto: str, kind: str, cls: str = "") -> Outcome:
             with torch.no_grad():
                 got = _output(model(**kw))
         except ArgumentError as e:
-            return outcome("refused", str(e).splitlines()[0][:200])
+            return outcome("refused", str(e).splitlines()[0])
         except Exception:  # noqa: BLE001 - a crash under qkv is a bug: report it
             return outcome("differs", f"{padded} padding: " + traceback.format_exc(limit=-2)[-300:])
         rows = _rows(kw, kind) if tuple(got.shape[:2]) == (2, SEQ) else slice(None)
@@ -317,7 +317,7 @@ def _check(model_type: str, auto: str, kind: str, cls: str = "") -> Outcome:
             try:
                 got = model.generate(**kw, **gen)
             except ArgumentError as e:
-                return outcome("refused", str(e).splitlines()[0][:200])
+                return outcome("refused", str(e).splitlines()[0])
             except Exception:  # noqa: BLE001
                 return outcome("differs", f"generate ({cache}): " + traceback.format_exc(limit=-2)[-300:])
             if not torch.equal(got, want):

@@ -10,8 +10,10 @@ indexing, ``generate`` feeding it back, a model adding it to its scores), and wh
 ``Structure`` qkv reads instead: ``masks.causal()``, ``masks.sliding_window(w)``,
 ``masks.chunked(c)`` (Llama 4's chunked layers), ``masks.padding(lengths, causal=True, window=w,
 left=True)`` or "every key" (a bidirectional mask without padding), whose tiles are known
-analytically. One tensor serves every layer of a forward
-pass, so whatever the kernel derives from it per shape is computed once (``masks.plan``'s cache).
+analytically. Any other mask is computed at once and wrapped the same way (no structure). One
+tensor serves every layer of a forward pass, so whatever the kernel derives from it per shape is
+computed once (``masks.plan``'s cache). Summed with float scores (``scores + mask``: a module
+that expects eager's additive mask), either kind raises ``ArgumentError`` naming the module.
 """
 
 from collections.abc import Callable

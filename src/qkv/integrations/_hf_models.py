@@ -110,10 +110,14 @@ def _reason(cls: type) -> str | None:
         if table
         else SYMPTOMS.get(model_type, "it would run its own attention code, never qkv's")
     )
+    how = (
+        "builds its attention layers from its own table of classes"
+        if table
+        else "computes attention in its own code instead of through transformers' AttentionInterface"
+    )
     return (
-        f"{cls.__name__} (model_type {model_type!r}) computes attention in its own code instead of through "
-        f"transformers' AttentionInterface, so attn_implementation='qkv' cannot run there: {symptom}. "
-        f"It supports attn_implementation in {supported_backends(cls)}"
+        f"{cls.__name__} (model_type {model_type!r}) {how}, so attn_implementation='qkv' cannot run there: "
+        f"{symptom}. It supports attn_implementation in {supported_backends(cls)}"
     )
 
 

@@ -12,7 +12,9 @@
   (True = may attend, like qkv) and never None (``sdpa_mask`` skips it where SDPA's
   ``is_causal`` or "no mask" would do; qkv would then have to guess what the model meant).
   Where qkv has a constructor for the mask, the tensor is lazy: a real tensor to every reader,
-  computed only if one reads it, and carrying the qkv ``Mask`` the attention function uses.
+  computed only if one reads it, and carrying the qkv ``Mask`` the attention function uses;
+  otherwise its values are computed at once. Either way it refuses to be added to float scores
+  (a module computing attention in its own code): an ``ArgumentError`` naming the module.
 
 Then ``AutoModelForCausalLM.from_config(cfg, attn_implementation="qkv")`` and
 ``model.set_attn_implementation("qkv")`` run every attention layer through ``qkv.attention``.
