@@ -22,10 +22,11 @@
 namespace qkv_native {
 inline namespace QKV_NS {
 
-template <class T> struct BwdBufs {
+template <class T>
+struct BwdBufs {
   using C = typename Compute<T>::type;
   C *kc, *vc, *dka, *dva, *qs, *dos, *qt, *dot, *pt, *dst, *dfac, *addt, *zt, *dqt;
-  C *dkc, *dvc;  // the Kahan carries of dK, dV (microkernel.hpp)
+  C *dkc, *dvc;                          // the Kahan carries of dK, dV (microkernel.hpp)
   static constexpr int64_t W = kBlockQ;  // row stride of the block-wide P^T / dS^T tiles
   static size_t bytes(const Params& P) {
     const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes);
@@ -36,14 +37,22 @@ template <class T> struct BwdBufs {
   void carve(const Params& P, char* p) {
     Carver c{p};
     const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes);
-    kc = c.take<C>(P.bk * dkp); vc = c.take<C>(P.bk * dvp);
-    dka = c.take<C>(P.bk * dkp); dva = c.take<C>(P.bk * dvp);
-    qs = c.take<C>(W * dkp); dos = c.take<C>(W * dvp);
-    qt = c.take<C>(4 * P.Dk * kLanes); dot = c.take<C>(4 * P.Dv * kLanes);
-    pt = c.take<C>(P.bk * W); dst = c.take<C>(P.bk * W);
-    dfac = c.take<C>(P.bk * kLanes); addt = c.take<C>(P.bk * kLanes); zt = c.take<C>(P.bk * kLanes);
+    kc = c.take<C>(P.bk * dkp);
+    vc = c.take<C>(P.bk * dvp);
+    dka = c.take<C>(P.bk * dkp);
+    dva = c.take<C>(P.bk * dvp);
+    qs = c.take<C>(W * dkp);
+    dos = c.take<C>(W * dvp);
+    qt = c.take<C>(4 * P.Dk * kLanes);
+    dot = c.take<C>(4 * P.Dv * kLanes);
+    pt = c.take<C>(P.bk * W);
+    dst = c.take<C>(P.bk * W);
+    dfac = c.take<C>(P.bk * kLanes);
+    addt = c.take<C>(P.bk * kLanes);
+    zt = c.take<C>(P.bk * kLanes);
     dqt = c.take<C>(P.Dk * kLanes);
-    dkc = c.take<C>(P.bk * dkp); dvc = c.take<C>(P.bk * dvp);
+    dkc = c.take<C>(P.bk * dkp);
+    dvc = c.take<C>(P.bk * dvp);
   }
 };
 
@@ -87,8 +96,13 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
       bool any = false;
       for (int lg = 0; lg < nlg; ++lg) {
         LaneGroup& L = lgs[lg];
-        L.b = b; L.g = g; L.n = int(imin(kLanes, nr - lg * kLanes));
-        for (int l = 0; l < kLanes; ++l) { L.h[l] = h; L.i[l] = i0 + lg * kLanes + (l < L.n ? l : 0); }
+        L.b = b;
+        L.g = g;
+        L.n = int(imin(kLanes, nr - lg * kLanes));
+        for (int l = 0; l < kLanes; ++l) {
+          L.h[l] = h;
+          L.i[l] = i0 + lg * kLanes + (l < L.n ? l : 0);
+        }
         classify(P, L, kb, j0, jn, tm[lg]);
         any = any || tm[lg].mode != TILE_SKIP;
       }
@@ -115,7 +129,10 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
         C* pt = S.pt + lg * kLanes;
         C* dst = S.dst + lg * kLanes;
         if (tm[lg].mode == TILE_SKIP) {
-          for (int64_t jj = 0; jj < jn; ++jj) { vstore(pt + jj * W, vzero<V>()); vstore(dst + jj * W, vzero<V>()); }
+          for (int64_t jj = 0; jj < jn; ++jj) {
+            vstore(pt + jj * W, vzero<V>());
+            vstore(dst + jj * W, vzero<V>());
+          }
           continue;
         }
         C* qt = S.qt + lg * P.Dk * kLanes;
@@ -134,8 +151,8 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
           const int64_t row = (b * P.H + h) * P.Nq + L.i[l];
           const C x = l < L.n ? lse[b * P.lse_s.s0 + h * P.lse_s.s1 + L.i[l] * P.lse_s.s2] : C(-INFINITY);
           const C dx = l < L.n ? Dbuf[row] : C(0);
-          bool sends_nan = l < L.n && (fl[l] || row_bad[lg * kLanes + l] || !(x == x) || x == C(INFINITY) ||
-                                       !std::isfinite(dx));
+          bool sends_nan =
+              l < L.n && (fl[l] || row_bad[lg * kLanes + l] || !(x == x) || x == C(INFINITY) || !std::isfinite(dx));
           // a row that saw no key (lse = -inf) must get P = 0: exp2(s - inf); so does one sending NaN
           // lse in the scores' units (mods.hpp): natural as it is; in log2 units as hi + lo, since
           // rounded to one float lse log2 e would shift every P of the row by up to half its ulp
@@ -146,7 +163,10 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
           if (!sends_nan) continue;
           bool touched = false;
           for (int64_t jj = 0; jj < jn; ++jj)
-            if (lane_allows(P, L, tm[lg], l, j0, jj)) { key_nan[jj] = 1; touched = true; }
+            if (lane_allows(P, L, tm[lg], l, j0, jj)) {
+              key_nan[jj] = 1;
+              touched = true;
+            }
           if (touched) {
             C* dqr = dq_acc + row * P.Dk;
             for (int64_t d = 0; d < P.Dk; ++d) dqr[d] = C(NAN);
@@ -158,7 +178,10 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
         {
           const bool masked = tm[lg].mode == TILE_MASKED;
           alignas(64) C a[kLanes], z[kLanes];
-          for (int l = 0; l < kLanes; ++l) { a[l] = C(tm[lg].lo[l]); z[l] = C(tm[lg].hi[l]); }
+          for (int l = 0; l < kLanes; ++l) {
+            a[l] = C(tm[lg].lo[l]);
+            z[l] = C(tm[lg].hi[l]);
+          }
           const V lo = vload(a), hi = vload(z), lv = vload(lse2), lv_lo = vload(lse2_lo), u = vset1<V>(C(unit));
           for (int64_t jj = 0; jj < jn; ++jj) {
             V dv = vzero<V>();

@@ -1,12 +1,12 @@
 // Forward tile loop: FlashAttention-2 (Dao, arXiv:2307.08691), Algorithm 1, on the CPU.
 //
 // A work item is a set of up to 4 lane groups (64 (head, query) rows sharing one kv head) and a
-// key range (tiles on the lead's BK grid when it gave tile classes; else from the range's first key). For each BK-key tile of the range, each lane group computes its transposed score
-// tile S^T (BK x 16) with the micro-kernel, turns it into scores (mods, bias, mask; mods.hpp's units),
-// updates its running max m and sum l (Alg. 1 lines 8-10: vertical ops, 16 queries per vector),
-// rescales its O^T accumulator by exp2(m_old - m_new) and adds V^T P^T. The BK x Nq score matrix
-// never exists; O is divided by l once at the end (Alg. 1 line 12), and lse = m + log l.
-// Parallelism: items are independent, handed out dynamically; each writes disjoint rows.
+// key range (tiles on the lead's BK grid when it gave tile classes; else from the range's first key). For each BK-key
+// tile of the range, each lane group computes its transposed score tile S^T (BK x 16) with the micro-kernel, turns it
+// into scores (mods, bias, mask; mods.hpp's units), updates its running max m and sum l (Alg. 1 lines 8-10: vertical
+// ops, 16 queries per vector), rescales its O^T accumulator by exp2(m_old - m_new) and adds V^T P^T. The BK x Nq score
+// matrix never exists; O is divided by l once at the end (Alg. 1 line 12), and lse = m + log l. Parallelism: items are
+// independent, handed out dynamically; each writes disjoint rows.
 #pragma once
 #include <cstdlib>
 
@@ -38,7 +38,8 @@ struct Arena {
 struct Carver {
   char* p;
   size_t used = 0;
-  template <class C> C* take(int64_t n) {
+  template <class C>
+  C* take(int64_t n) {
     C* r = reinterpret_cast<C*>(p + used);
     used += size_t(round_up(n * int64_t(sizeof(C)), 64));
     return r;
@@ -50,11 +51,14 @@ struct Carver {
 // Rows [j0, j0 + jn) of a (b, g) slice of K or V as compute-type rows: the array itself when it
 // already is (no copy), else widened into `buf` with row stride ld_buf (zero padding untouched).
 template <class T, class C>
-static inline const C* kv_tile(const Strided& x, int64_t b, int64_t g, int64_t j0, int64_t jn, int64_t D,
-                               C* buf, int64_t ld_buf, bool force_copy, int64_t& ld) {
+static inline const C* kv_tile(const Strided& x, int64_t b, int64_t g, int64_t j0, int64_t jn, int64_t D, C* buf,
+                               int64_t ld_buf, bool force_copy, int64_t& ld) {
   const T* base = static_cast<const T*>(x.data) + b * x.s0 + g * x.s1 + j0 * x.s2;
   if constexpr (std::is_same_v<T, C>) {
-    if (!force_copy) { ld = x.s2; return base; }
+    if (!force_copy) {
+      ld = x.s2;
+      return base;
+    }
   }
   for (int64_t jj = 0; jj < jn; ++jj) cvt_row(base + jj * x.s2, buf + jj * ld_buf, D);
   ld = ld_buf;
@@ -69,7 +73,10 @@ static inline void load_qt(const Params& P, const LaneGroup& lg, C* qt, uint8_t*
   const C f = C(q_prescale(P));
   for (int l = 0; l < lg.n; ++l) {
     const T* row = q + lg.b * P.q.s0 + lg.h[l] * P.q.s1 + lg.i[l] * P.q.s2;
-    if (!storage_finite(row, P.Dk)) { fl[l] |= kBadQ; continue; }  // left zero: the row sees scores of 0
+    if (!storage_finite(row, P.Dk)) {
+      fl[l] |= kBadQ;
+      continue;
+    }  // left zero: the row sees scores of 0
     for (int64_t d = 0; d < P.Dk; ++d) qt[d * kLanes + l] = to_c<C>(row[d]) * f;
   }
 }
@@ -82,31 +89,36 @@ static inline void load_qt(const Params& P, const LaneGroup& lg, C* qt, uint8_t*
 // and lse stay the pre-dropout ones.
 template <class T, class C>
 static inline typename VecOf<C>::V softmax_tile(const Params& P, const LaneGroup& lg, const ModLanes<C>& ml,
-                                                const TileMask& tm, int64_t j0, int64_t jn, C* st,
-                                                const C* addt, C* m_run, C* l_run, C* l_comp) {
+                                                const TileMask& tm, int64_t j0, int64_t jn, C* st, const C* addt,
+                                                C* m_run, C* l_run, C* l_comp) {
   using V = typename VecOf<C>::V;
   const bool masked = tm.mode == TILE_MASKED;
   V lo = vzero<V>(), hi = vzero<V>();
   if (masked) {
     alignas(64) C a[kLanes], z[kLanes];
-    for (int l = 0; l < kLanes; ++l) { a[l] = C(tm.lo[l]); z[l] = C(tm.hi[l]); }
-    lo = vload(a); hi = vload(z);
+    for (int l = 0; l < kLanes; ++l) {
+      a[l] = C(tm.lo[l]);
+      z[l] = C(tm.hi[l]);
+    }
+    lo = vload(a);
+    hi = vload(z);
   }
   const V ninf = vset1<V>(C(-INFINITY));
   V tmax = ninf;
   if (P.n_mods == 0 && !masked && !addt) {
     // FULL tile, plain scores: they left the matmul final; only the row max is needed
     for (int64_t jj = 0; jj < jn; ++jj) tmax = vmax(tmax, vload(st + jj * kLanes));
-  } else for (int64_t jj = 0; jj < jn; ++jj) {
-    V s = score_row<V, false>(P, ml, vload(st + jj * kLanes), j0 + jj, addt ? addt + jj * kLanes : nullptr,
-                              static_cast<V*>(nullptr));
-    if (masked) {
-      const V jv = vset1<V>(C(jj));
-      s = vsel(vand(vle(lo, jv), vlt(jv, hi)), s, ninf);
+  } else
+    for (int64_t jj = 0; jj < jn; ++jj) {
+      V s = score_row<V, false>(P, ml, vload(st + jj * kLanes), j0 + jj, addt ? addt + jj * kLanes : nullptr,
+                                static_cast<V*>(nullptr));
+      if (masked) {
+        const V jv = vset1<V>(C(jj));
+        s = vsel(vand(vle(lo, jv), vlt(jv, hi)), s, ninf);
+      }
+      vstore(st + jj * kLanes, s);
+      tmax = vmax(tmax, s);
     }
-    vstore(st + jj * kLanes, s);
-    tmax = vmax(tmax, s);
-  }
   const V m_old = vload(m_run);
   const V m_new = vmax(m_old, tmax);
   // a row with nothing allowed yet keeps m = -inf; subtract 0 instead so exp2 sees -inf, not NaN
@@ -145,8 +157,8 @@ static inline typename VecOf<C>::V softmax_tile(const Params& P, const LaneGroup
 // that is empty although it admits keys (every score overflowed to -inf) -> NaN and lse = NaN,
 // counted (finite.hpp). o(l, d) reads the accumulator of lane l.
 template <class T, class C, class Get>
-static inline void write_rows(const Params& P, const LaneGroup& lg, const C* m_run, const C* l_run,
-                              const uint8_t* fl, Get&& o) {
+static inline void write_rows(const Params& P, const LaneGroup& lg, const C* m_run, const C* l_run, const uint8_t* fl,
+                              Get&& o) {
   T* out = static_cast<T*>(P.out);
   C* lse = static_cast<C*>(P.lse);
   for (int l = 0; l < lg.n; ++l) {
@@ -179,8 +191,12 @@ static inline void write_rows(const Params& P, const LaneGroup& lg, const C* m_r
 }
 
 // Partial result of a key-range split (decode): per lane m (score_unit's units), l, flags and unnormalised O.
-template <class C> struct Partial {
-  C* m; C* l; C* f; C* o;
+template <class C>
+struct Partial {
+  C* m;
+  C* l;
+  C* f;
+  C* o;
 };
 
 // Keys [j0, j0 + jn) of (b, g) as clean tiles (finite.hpp): in clean aligned tiles (the usual
@@ -196,7 +212,8 @@ static inline void clean_tile(const Params& P, const LaneGroup* lgs, int nlg, co
 
 // ------------------------------------------------------------------ the wide path
 
-template <class T> struct FwdBufs {
+template <class T>
+struct FwdBufs {
   using C = typename Compute<T>::type;
   C *qt, *ot, *st, *addt, *kc, *vc, *ml, *qr, *orow;
   C *oc, *lc;  // the Kahan carries of O (wide: 4 x Dv x 16; thin: rows x dvp) and of l (microkernel.hpp)
@@ -212,11 +229,17 @@ template <class T> struct FwdBufs {
   void carve(const Params& P, char* p) {
     Carver c{p};
     const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes);
-    qt = c.take<C>(4 * P.Dk * kLanes); ot = c.take<C>(4 * P.Dv * kLanes);
-    st = c.take<C>(P.bk * kLanes); addt = c.take<C>(P.bk * kLanes);
-    kc = c.take<C>(P.bk * dkp); vc = c.take<C>(P.bk * dvp); ml = c.take<C>(2 * 4 * kLanes);
-    qr = c.take<C>(kLanes * dkp); orow = c.take<C>(kLanes * dvp);
-    oc = c.take<C>(oc_elems(P)); lc = c.take<C>(4 * kLanes);
+    qt = c.take<C>(4 * P.Dk * kLanes);
+    ot = c.take<C>(4 * P.Dv * kLanes);
+    st = c.take<C>(P.bk * kLanes);
+    addt = c.take<C>(P.bk * kLanes);
+    kc = c.take<C>(P.bk * dkp);
+    vc = c.take<C>(P.bk * dvp);
+    ml = c.take<C>(2 * 4 * kLanes);
+    qr = c.take<C>(kLanes * dkp);
+    orow = c.take<C>(kLanes * dvp);
+    oc = c.take<C>(oc_elems(P));
+    lc = c.take<C>(4 * kLanes);
   }
 };
 
@@ -245,7 +268,10 @@ __attribute__((noinline)) static void fwd_rowset(const Params& P, FwdBufs<T>& S,
   for (int64_t j0 = ka; j0 < kz; j0 += P.bk) {
     const int64_t jn = imin(P.bk, kz - j0), kb = j0 / P.bk;
     bool any = false;
-    for (int g = 0; g < nlg; ++g) { classify(P, lgs[g], kb, j0, jn, tm[g]); any = any || tm[g].mode != TILE_SKIP; }
+    for (int g = 0; g < nlg; ++g) {
+      classify(P, lgs[g], kb, j0, jn, tm[g]);
+      any = any || tm[g].mode != TILE_SKIP;
+    }
     if (!any) continue;
     int64_t ldk, ldv;
     const C* kp = kv_tile<T, C>(P.k, b, kvh, j0, jn, P.Dk, S.kc, dkp, false, ldk);

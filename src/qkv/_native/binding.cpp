@@ -51,7 +51,8 @@ In as_array(nb::handle o, const char* name) {
 const char* dtype_name(nb::dlpack::dtype t) {
   using C = nb::dlpack::dtype_code;
   if (t.lanes != 1) return "vector";
-  if (t.code == uint8_t(C::Float)) return t.bits == 16 ? "float16" : t.bits == 32 ? "float32" : t.bits == 64 ? "float64" : "float";
+  if (t.code == uint8_t(C::Float))
+    return t.bits == 16 ? "float16" : t.bits == 32 ? "float32" : t.bits == 64 ? "float64" : "float";
   if (t.code == uint8_t(C::Bfloat) && t.bits == 16) return "bfloat16";
   if (t.code == uint8_t(C::Int)) return t.bits == 8 ? "int8" : t.bits == 32 ? "int32" : t.bits == 64 ? "int64" : "int";
   if (t.code == uint8_t(C::UInt)) return t.bits == 8 ? "uint8" : t.bits == 64 ? "uint64" : "uint";
@@ -62,10 +63,22 @@ const char* dtype_name(nb::dlpack::dtype t) {
 bool float_dtype(nb::dlpack::dtype t, DType& out) {
   using C = nb::dlpack::dtype_code;
   if (t.lanes != 1) return false;
-  if (t.code == uint8_t(C::Float) && t.bits == 32) { out = DType::f32; return true; }
-  if (t.code == uint8_t(C::Float) && t.bits == 64) { out = DType::f64; return true; }
-  if (t.code == uint8_t(C::Float) && t.bits == 16) { out = DType::f16; return true; }
-  if (t.code == uint8_t(C::Bfloat) && t.bits == 16) { out = DType::bf16; return true; }
+  if (t.code == uint8_t(C::Float) && t.bits == 32) {
+    out = DType::f32;
+    return true;
+  }
+  if (t.code == uint8_t(C::Float) && t.bits == 64) {
+    out = DType::f64;
+    return true;
+  }
+  if (t.code == uint8_t(C::Float) && t.bits == 16) {
+    out = DType::f16;
+    return true;
+  }
+  if (t.code == uint8_t(C::Bfloat) && t.bits == 16) {
+    out = DType::bf16;
+    return true;
+  }
   return false;
 }
 
@@ -73,9 +86,13 @@ bool is_dtype(nb::dlpack::dtype t, nb::dlpack::dtype_code code, int bits) {
   return t.lanes == 1 && t.code == uint8_t(code) && t.bits == bits;
 }
 
-template <class A> int64_t stride_of(const A& a, size_t i) { return a.shape(i) == 1 ? 0 : a.stride(i); }
+template <class A>
+int64_t stride_of(const A& a, size_t i) {
+  return a.shape(i) == 1 ? 0 : a.stride(i);
+}
 
-template <class A> bool c_contiguous(const A& a) {
+template <class A>
+bool c_contiguous(const A& a) {
   int64_t expect = 1;
   for (size_t i = a.ndim(); i-- > 0;) {
     if (a.shape(i) != 1 && a.stride(i) != expect) return false;
@@ -114,7 +131,10 @@ void need_last_unit(const In& a, const char* name) {
 Strided strided4(const In& a) {
   Strided s;
   s.data = a.data();
-  s.s0 = stride_of(a, 0); s.s1 = stride_of(a, 1); s.s2 = stride_of(a, 2); s.s3 = a.ndim() > 3 ? stride_of(a, 3) : 0;
+  s.s0 = stride_of(a, 0);
+  s.s1 = stride_of(a, 1);
+  s.s2 = stride_of(a, 2);
+  s.s3 = a.ndim() > 3 ? stride_of(a, 3) : 0;
   return s;
 }
 
@@ -140,7 +160,6 @@ double number(nb::handle o, const std::string& what) {
   return nb::cast<double>(o);
 }
 
-
 void check_qkv(Params& P, const In& q, const In& k, const In& v) {
   need_ndim(q, "q", 4, "(B, H, Nq, Dk)");
   need_ndim(k, "k", 4, "(B, Hkv, Nk, Dk)");
@@ -151,8 +170,13 @@ void check_qkv(Params& P, const In& q, const In& k, const In& v) {
   if (!float_dtype(k.dtype(), dk_) || dk_ != P.dtype || !float_dtype(v.dtype(), dv_) || dv_ != P.dtype)
     type_error(std::string("q, k, v must have one dtype, got ") + dtype_name(q.dtype()) + ", " + dtype_name(k.dtype()) +
                ", " + dtype_name(v.dtype()));
-  P.B = q.shape(0); P.H = q.shape(1); P.Nq = q.shape(2); P.Dk = q.shape(3);
-  P.Hkv = k.shape(1); P.Nk = k.shape(2); P.Dv = v.shape(3);
+  P.B = q.shape(0);
+  P.H = q.shape(1);
+  P.Nq = q.shape(2);
+  P.Dk = q.shape(3);
+  P.Hkv = k.shape(1);
+  P.Nk = k.shape(2);
+  P.Dv = v.shape(3);
   if (P.Nq < 1 || P.Dk < 1) value_error("q: Nq and Dk must be >= 1, got shape " + shape_str(q));
   if (P.Nk < 1 || P.Hkv < 1) value_error("k: Hkv and Nk must be >= 1, got shape " + shape_str(k));
   if (P.Dv < 1) value_error("v: Dv must be >= 1, got shape " + shape_str(v));
@@ -160,15 +184,19 @@ void check_qkv(Params& P, const In& q, const In& k, const In& v) {
   need_shape(k, "k", {P.B, P.Hkv, P.Nk, P.Dk}, "(B, Hkv, Nk, Dk)");
   need_shape(v, "v", {P.B, P.Hkv, P.Nk}, "(B, Hkv, Nk)");
   if (P.H % P.Hkv != 0)
-    value_error("the query heads H=" + std::to_string(P.H) + " (q axis 1) must be a multiple of the kv heads Hkv=" +
-                std::to_string(P.Hkv) + " (k axis 1)");
-  need_last_unit(q, "q"); need_last_unit(k, "k"); need_last_unit(v, "v");
-  P.q = strided4(q); P.k = strided4(k); P.v = strided4(v);
+    value_error("the query heads H=" + std::to_string(P.H) +
+                " (q axis 1) must be a multiple of the kv heads Hkv=" + std::to_string(P.Hkv) + " (k axis 1)");
+  need_last_unit(q, "q");
+  need_last_unit(k, "k");
+  need_last_unit(v, "v");
+  P.q = strided4(q);
+  P.k = strided4(k);
+  P.v = strided4(v);
 }
 
 void check_options(KernelCall& c, double scale, nb::object tile_class, nb::object rows, nb::object bitmap_index,
-                   nb::object bitmaps, nb::object mods, nb::object bias, double dropout_p, uint64_t seed,
-                   int threads, std::vector<In>& keep) {
+                   nb::object bitmaps, nb::object mods, nb::object bias, double dropout_p, uint64_t seed, int threads,
+                   std::vector<In>& keep) {
   Params& P = c.P;
   if (!std::isfinite(scale)) value_error("scale must be finite, got " + std::to_string(scale));
   P.scale = scale;
@@ -176,44 +204,59 @@ void check_options(KernelCall& c, double scale, nb::object tile_class, nb::objec
     value_error("threads must be in [1, " + std::to_string(kMaxThreads) + "], got " + std::to_string(threads));
   P.threads = threads;
   P.parallel = parallel_fn();
-  if (!(dropout_p >= 0.0 && dropout_p < 1.0)) value_error("dropout_p must be in [0, 1), got " + std::to_string(dropout_p));
-  P.dropout_p = dropout_p; P.seed = seed;
+  if (!(dropout_p >= 0.0 && dropout_p < 1.0))
+    value_error("dropout_p must be in [0, 1), got " + std::to_string(dropout_p));
+  P.dropout_p = dropout_p;
+  P.seed = seed;
   if (P.Nq <= kDecodeMaxNq) P.bq = kDecodeMaxNq;
   P.bk = kBlockK;
-  P.nbq = (P.Nq + P.bq - 1) / P.bq; P.nbk = (P.Nk + P.bk - 1) / P.bk;
+  P.nbq = (P.Nq + P.bq - 1) / P.bq;
+  P.nbk = (P.Nk + P.bk - 1) / P.bk;
   using DC = nb::dlpack::dtype_code;
   if (!tile_class.is_none()) {
-    In t = as_array(tile_class, "tile_class"); keep.push_back(t);
+    In t = as_array(tile_class, "tile_class");
+    keep.push_back(t);
     need_ndim(t, "tile_class", 4, "(Bm, Hm, nbq, nbk)");
-    if (!is_dtype(t.dtype(), DC::Int, 8)) type_error(std::string("tile_class must be int8, got ") + dtype_name(t.dtype()));
+    if (!is_dtype(t.dtype(), DC::Int, 8))
+      type_error(std::string("tile_class must be int8, got ") + dtype_name(t.dtype()));
     need_bh(t, "tile_class", P.B, P.H);
     need_shape(t, "tile_class", {int64_t(t.shape(0)), int64_t(t.shape(1)), P.nbq, P.nbk}, "(Bm, Hm, nbq, nbk)");
     if (!c_contiguous(t)) value_error("tile_class must be C-contiguous");
     const int8_t* d = static_cast<const int8_t*>(t.data());
     for (size_t x = 0; x < t.size(); ++x)
-      if (d[x] < 0 || d[x] > 2) value_error("tile_class values must be 0 (EMPTY), 1 (PARTIAL) or 2 (FULL), got " + std::to_string(int(d[x])));
-    P.tile_class = d; P.tc_b = stride_of(t, 0); P.tc_h = stride_of(t, 1);
+      if (d[x] < 0 || d[x] > 2)
+        value_error("tile_class values must be 0 (EMPTY), 1 (PARTIAL) or 2 (FULL), got " + std::to_string(int(d[x])));
+    P.tile_class = d;
+    P.tc_b = stride_of(t, 0);
+    P.tc_h = stride_of(t, 1);
   }
   if (!rows.is_none()) {
-    In r = as_array(rows, "rows"); keep.push_back(r);
+    In r = as_array(rows, "rows");
+    keep.push_back(r);
     need_ndim(r, "rows", 4, "(Bm, Hm, Nq, 2)");
     if (!is_dtype(r.dtype(), DC::Int, 32)) type_error(std::string("rows must be int32, got ") + dtype_name(r.dtype()));
     need_bh(r, "rows", P.B, P.H);
     need_shape(r, "rows", {int64_t(r.shape(0)), int64_t(r.shape(1)), P.Nq, 2}, "(Bm, Hm, Nq, 2)");
     if (!c_contiguous(r)) value_error("rows must be C-contiguous");
-    P.rows = static_cast<const int32_t*>(r.data()); P.rw_b = stride_of(r, 0); P.rw_h = stride_of(r, 1);
+    P.rows = static_cast<const int32_t*>(r.data());
+    P.rw_b = stride_of(r, 0);
+    P.rw_h = stride_of(r, 1);
   }
   if (!bitmap_index.is_none() || !bitmaps.is_none()) {
     if (bitmap_index.is_none() || bitmaps.is_none()) value_error("bitmap_index and bitmaps must be given together");
     if (tile_class.is_none()) value_error("bitmap_index needs tile_class (bitmaps apply in PARTIAL tiles only)");
-    In bi = as_array(bitmap_index, "bitmap_index"), bm = as_array(bitmaps, "bitmaps"); keep.push_back(bi); keep.push_back(bm);
+    In bi = as_array(bitmap_index, "bitmap_index"), bm = as_array(bitmaps, "bitmaps");
+    keep.push_back(bi);
+    keep.push_back(bm);
     need_ndim(bi, "bitmap_index", 4, "(Bm, Hm, nbq, nbk)");
-    if (!is_dtype(bi.dtype(), DC::Int, 32)) type_error(std::string("bitmap_index must be int32, got ") + dtype_name(bi.dtype()));
+    if (!is_dtype(bi.dtype(), DC::Int, 32))
+      type_error(std::string("bitmap_index must be int32, got ") + dtype_name(bi.dtype()));
     need_bh(bi, "bitmap_index", P.B, P.H);
     need_shape(bi, "bitmap_index", {int64_t(bi.shape(0)), int64_t(bi.shape(1)), P.nbq, P.nbk}, "(Bm, Hm, nbq, nbk)");
     if (!c_contiguous(bi)) value_error("bitmap_index must be C-contiguous");
     need_ndim(bm, "bitmaps", 3, "(n, BQ, ceil(BK/64))");
-    if (!is_dtype(bm.dtype(), DC::UInt, 64)) type_error(std::string("bitmaps must be uint64, got ") + dtype_name(bm.dtype()));
+    if (!is_dtype(bm.dtype(), DC::UInt, 64))
+      type_error(std::string("bitmaps must be uint64, got ") + dtype_name(bm.dtype()));
     P.words = (P.bk + 63) / 64;
     need_shape(bm, "bitmaps", {int64_t(bm.shape(0)), P.bq, P.words}, "(n, BQ, ceil(BK/64))");
     if (!c_contiguous(bm)) value_error("bitmaps must be C-contiguous");
@@ -221,21 +264,27 @@ void check_options(KernelCall& c, double scale, nb::object tile_class, nb::objec
     const int32_t* d = static_cast<const int32_t*>(bi.data());
     for (size_t x = 0; x < bi.size(); ++x)
       if (d[x] < -1 || d[x] >= P.n_bitmaps)
-        value_error("bitmap_index values must be -1 or in [0, " + std::to_string(P.n_bitmaps) + "), got " + std::to_string(d[x]));
-    P.bitmap_index = d; P.bi_b = stride_of(bi, 0); P.bi_h = stride_of(bi, 1);
+        value_error("bitmap_index values must be -1 or in [0, " + std::to_string(P.n_bitmaps) + "), got " +
+                    std::to_string(d[x]));
+    P.bitmap_index = d;
+    P.bi_b = stride_of(bi, 0);
+    P.bi_h = stride_of(bi, 1);
     P.bitmaps = static_cast<const uint64_t*>(bm.data());
   }
   if (!bias.is_none()) {
-    In b = as_array(bias, "bias"); keep.push_back(b);
+    In b = as_array(bias, "bias");
+    keep.push_back(b);
     need_ndim(b, "bias", 4, "(B|1, H|1, Nq|1, Nk)");
-    if (!float_dtype(b.dtype(), P.bias_dtype)) type_error(std::string("bias must be a float array, got ") + dtype_name(b.dtype()));
+    if (!float_dtype(b.dtype(), P.bias_dtype))
+      type_error(std::string("bias must be a float array, got ") + dtype_name(b.dtype()));
     const int64_t want[4] = {P.B, P.H, P.Nq, P.Nk};
     const char* axis[4] = {"B", "H", "Nq", "Nk"};
     for (int i = 0; i < 4; ++i)
       if (!(int64_t(b.shape(i)) == want[i] || (i < 3 && b.shape(i) == 1)))
         value_error("bias: axis " + std::to_string(i) + " must be " + (i < 3 ? "1 or " : "") + axis[i] + "=" +
                     std::to_string(want[i]) + ", got shape " + shape_str(b));
-    P.bias = strided4(b); P.has_bias = true;
+    P.bias = strided4(b);
+    P.has_bias = true;
   }
   if (!nb::isinstance<nb::sequence>(mods)) type_error("mods must be a sequence of tuples (name, ...)");
   nb::sequence ms = nb::borrow<nb::sequence>(mods);
@@ -244,7 +293,8 @@ void check_options(KernelCall& c, double scale, nb::object tile_class, nb::objec
   c.tables.reserve(nm);
   for (size_t x = 0; x < nm; ++x) {
     nb::object item = ms[x];
-    if (!nb::isinstance<nb::tuple>(item) || nb::len(item) < 2 || !nb::isinstance<nb::str>(nb::borrow<nb::tuple>(item)[0]))
+    if (!nb::isinstance<nb::tuple>(item) || nb::len(item) < 2 ||
+        !nb::isinstance<nb::str>(nb::borrow<nb::tuple>(item)[0]))
       type_error("mods[" + std::to_string(x) + "] must be a tuple (name, ...) with a str name, got " +
                  nb::cast<std::string>(nb::repr(item)));
     nb::tuple t = nb::borrow<nb::tuple>(item);
@@ -259,45 +309,70 @@ void check_options(KernelCall& c, double scale, nb::object tile_class, nb::objec
         value_error(where + ": c must be finite" + (m.kind == MOD_SOFTCAP ? std::string(" and > 0") : std::string()));
     } else if (name == "alibi" || name == "relbias") {
       const bool alibi = name == "alibi";
-      if (nb::len(t) != (alibi ? 2u : 3u)) value_error(where + (alibi ? " must be (\"alibi\", slopes)" : " must be (\"relbias\", table, M)"));
-      In a = as_array(t[1], "mods table"); keep.push_back(a);
+      if (nb::len(t) != (alibi ? 2u : 3u))
+        value_error(where + (alibi ? " must be (\"alibi\", slopes)" : " must be (\"relbias\", table, M)"));
+      In a = as_array(t[1], "mods table");
+      keep.push_back(a);
       DType tdt;
       if (!float_dtype(a.dtype(), tdt)) type_error(where + ": table must be float, got " + dtype_name(a.dtype()));
       m.kind = alibi ? MOD_ALIBI : MOD_RELBIAS;
       int64_t nb_ = 1, nh = 0, width = 1;
       if (alibi) {
-        if (a.ndim() == 1) nh = a.shape(0);
-        else if (a.ndim() == 2) { nb_ = a.shape(0); nh = a.shape(1); }
-        else value_error(where + ": slopes must be (Hm,) or (Bm, Hm), got shape " + shape_str(a));
-        if (!(nb_ == 1 || nb_ == P.B)) value_error(where + ": slopes axis 0 must be 1 or B=" + std::to_string(P.B) + ", got " + shape_str(a));
+        if (a.ndim() == 1)
+          nh = a.shape(0);
+        else if (a.ndim() == 2) {
+          nb_ = a.shape(0);
+          nh = a.shape(1);
+        } else
+          value_error(where + ": slopes must be (Hm,) or (Bm, Hm), got shape " + shape_str(a));
+        if (!(nb_ == 1 || nb_ == P.B))
+          value_error(where + ": slopes axis 0 must be 1 or B=" + std::to_string(P.B) + ", got " + shape_str(a));
       } else {
         if (!nb::isinstance<nb::int_>(t[2])) type_error(where + ": M must be an int");
         m.m = nb::cast<int64_t>(t[2]);
         if (m.m < 0) value_error(where + ": M must be >= 0, got " + std::to_string(m.m));
         if (a.ndim() != 2) value_error(where + ": table must be (Hm, 2M+1), got shape " + shape_str(a));
-        nh = a.shape(0); width = a.shape(1);
+        nh = a.shape(0);
+        width = a.shape(1);
         if (width != 2 * m.m + 1)
-          value_error(where + ": table axis 1 must be 2M+1=" + std::to_string(2 * m.m + 1) + ", got shape " + shape_str(a));
+          value_error(where + ": table axis 1 must be 2M+1=" + std::to_string(2 * m.m + 1) + ", got shape " +
+                      shape_str(a));
       }
-      if (!(nh == 1 || nh == P.H)) value_error(where + ": head axis must be 1 or H=" + std::to_string(P.H) + ", got shape " + shape_str(a));
+      if (!(nh == 1 || nh == P.H))
+        value_error(where + ": head axis must be 1 or H=" + std::to_string(P.H) + ", got shape " + shape_str(a));
       // tiny: copy to contiguous float64 (B x H x width at most)
       std::vector<double> buf(size_t(nb_ * nh * width));
-      const Strided s = [&] { Strided r; r.data = a.data(); r.s0 = stride_of(a, 0); r.s1 = a.ndim() > 1 ? stride_of(a, 1) : 0; return r; }();
+      const Strided s = [&] {
+        Strided r;
+        r.data = a.data();
+        r.s0 = stride_of(a, 0);
+        r.s1 = a.ndim() > 1 ? stride_of(a, 1) : 0;
+        return r;
+      }();
       for (int64_t x0 = 0; x0 < (alibi ? nb_ : nh); ++x0)
         for (int64_t x1 = 0; x1 < (alibi ? nh : width); ++x1) {
           const int64_t off = a.ndim() == 1 ? x1 * s.s0 : x0 * s.s0 + x1 * s.s1;
           buf[size_t(x0 * (alibi ? nh : width) + x1)] = [&] {
             switch (tdt) {
-              case DType::f32: return double(static_cast<const float*>(s.data)[off]);
-              case DType::f64: return static_cast<const double*>(s.data)[off];
+              case DType::f32:
+                return double(static_cast<const float*>(s.data)[off]);
+              case DType::f64:
+                return static_cast<const double*>(s.data)[off];
               default: {
                 uint16_t u = static_cast<const uint16_t*>(s.data)[off];
-                if (tdt == DType::bf16) { uint32_t w = uint32_t(u) << 16; float f; std::memcpy(&f, &w, 4); return double(f); }
+                if (tdt == DType::bf16) {
+                  uint32_t w = uint32_t(u) << 16;
+                  float f;
+                  std::memcpy(&f, &w, 4);
+                  return double(f);
+                }
                 // float16 -> float
                 const uint32_t sign = uint32_t(u & 0x8000u) << 16, e = (u >> 10) & 0x1fu, mm = u & 0x3ffu;
                 if (e == 0) return (sign ? -1.0 : 1.0) * double(mm) * 5.9604644775390625e-08;
                 uint32_t w = e == 31 ? (sign | 0x7f800000u | (mm << 13)) : (sign | ((e + 112u) << 23) | (mm << 13));
-                float f; std::memcpy(&f, &w, 4); return double(f);
+                float f;
+                std::memcpy(&f, &w, 4);
+                return double(f);
               }
             }
           }();
@@ -306,8 +381,13 @@ void check_options(KernelCall& c, double scale, nb::object tile_class, nb::objec
         if (!std::isfinite(x)) value_error(where + ": the table holds NaN or inf");
       c.tables.push_back(std::move(buf));
       m.table = c.tables.back().data();
-      if (alibi) { m.tb_b = nb_ == 1 ? 0 : nh; m.tb_h = nh == 1 ? 0 : 1; }
-      else { m.tb_b = 0; m.tb_h = nh == 1 ? 0 : width; }
+      if (alibi) {
+        m.tb_b = nb_ == 1 ? 0 : nh;
+        m.tb_h = nh == 1 ? 0 : 1;
+      } else {
+        m.tb_b = 0;
+        m.tb_h = nh == 1 ? 0 : width;
+      }
     } else {
       value_error(where + ": unknown mod; expected mul, softcap, alibi or relbias");
     }
@@ -343,7 +423,8 @@ Counts forward(In q, In k, In v, Out out, Out lse, double scale, nb::object tile
   const DType acc = P.dtype == DType::f64 ? DType::f64 : DType::f32;
   check_out(out, "out", {P.B, P.H, P.Nq, P.Dv}, "(B, H, Nq, Dv)", P.dtype, dtype_str(P.dtype));
   check_out(lse, "lse", {P.B, P.H, P.Nq}, "(B, H, Nq)", acc, dtype_str(acc));
-  P.out = out.data(); P.lse = lse.data();
+  P.out = out.data();
+  P.lse = lse.data();
   int64_t counts[2] = {0, 0};
   P.counts = counts;
   std::vector<uint8_t> kv_state(size_t(P.B * P.Hkv * P.nbk), 0);  // the K/V tiles' verdicts (finite.hpp)
@@ -370,30 +451,42 @@ Counts backward(In q, In k, In v, In out, In lse, In dout, Out dq, Out dk, Out d
   DType got;
   need_ndim(out, "out", 4, "(B, H, Nq, Dv)");
   need_shape(out, "out", {P.B, P.H, P.Nq, P.Dv}, "(B, H, Nq, Dv)");
-  if (!float_dtype(out.dtype(), got) || got != P.dtype) type_error(std::string("out must have q's dtype ") + dtype_str(P.dtype));
+  if (!float_dtype(out.dtype(), got) || got != P.dtype)
+    type_error(std::string("out must have q's dtype ") + dtype_str(P.dtype));
   need_last_unit(out, "out");
   need_ndim(dout, "dout", 4, "(B, H, Nq, Dv)");
   need_shape(dout, "dout", {P.B, P.H, P.Nq, P.Dv}, "(B, H, Nq, Dv)");
-  if (!float_dtype(dout.dtype(), got) || got != P.dtype) type_error(std::string("dout must have q's dtype ") + dtype_str(P.dtype));
+  if (!float_dtype(dout.dtype(), got) || got != P.dtype)
+    type_error(std::string("dout must have q's dtype ") + dtype_str(P.dtype));
   need_last_unit(dout, "dout");
   need_ndim(lse, "lse", 3, "(B, H, Nq)");
   need_shape(lse, "lse", {P.B, P.H, P.Nq}, "(B, H, Nq)");
   if (!float_dtype(lse.dtype(), got) || got != acc) type_error(std::string("lse must be ") + dtype_str(acc));
   if (!dlse.is_none()) {
-    In d = as_array(dlse, "dlse"); keep.push_back(d);
+    In d = as_array(dlse, "dlse");
+    keep.push_back(d);
     need_ndim(d, "dlse", 3, "(B, H, Nq)");
     need_shape(d, "dlse", {P.B, P.H, P.Nq}, "(B, H, Nq)");
-    if (!float_dtype(d.dtype(), P.dlse_dtype)) type_error(std::string("dlse must be float, got ") + dtype_name(d.dtype()));
+    if (!float_dtype(d.dtype(), P.dlse_dtype))
+      type_error(std::string("dlse must be float, got ") + dtype_name(d.dtype()));
     P.dlse = d.data();
-    P.dlse_s.s0 = stride_of(d, 0); P.dlse_s.s1 = stride_of(d, 1); P.dlse_s.s2 = stride_of(d, 2);
+    P.dlse_s.s0 = stride_of(d, 0);
+    P.dlse_s.s1 = stride_of(d, 1);
+    P.dlse_s.s2 = stride_of(d, 2);
   }
   check_out(dq, "dq", {P.B, P.H, P.Nq, P.Dk}, "(B, H, Nq, Dk)", acc, dtype_str(acc));
   check_out(dk, "dk", {P.B, P.Hkv, P.Nk, P.Dk}, "(B, Hkv, Nk, Dk)", acc, dtype_str(acc));
   check_out(dv, "dv", {P.B, P.Hkv, P.Nk, P.Dv}, "(B, Hkv, Nk, Dv)", acc, dtype_str(acc));
   P.out_s = strided4(out);
-  P.dout = dout.data(); P.dout_s = strided4(dout);
-  P.lse_s.data = lse.data(); P.lse_s.s0 = stride_of(lse, 0); P.lse_s.s1 = stride_of(lse, 1); P.lse_s.s2 = stride_of(lse, 2);
-  P.dq = dq.data(); P.dk = dk.data(); P.dv = dv.data();
+  P.dout = dout.data();
+  P.dout_s = strided4(dout);
+  P.lse_s.data = lse.data();
+  P.lse_s.s0 = stride_of(lse, 0);
+  P.lse_s.s1 = stride_of(lse, 1);
+  P.lse_s.s2 = stride_of(lse, 2);
+  P.dq = dq.data();
+  P.dk = dk.data();
+  P.dv = dv.data();
   int64_t counts[2] = {0, 0};
   P.counts = counts;
   const KernelTable* t = current();
@@ -431,7 +524,9 @@ nb::tuple philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_
 NB_MODULE(_ext, m) {
   m.doc() = "qkv's compiled attention kernel (see qkv._native for the Python API)";
   // The facts Python shares with the kernels, written once here (params.hpp) and read by qkv._native.
-  m.attr("EMPTY") = int(EMPTY); m.attr("PARTIAL") = int(PARTIAL); m.attr("FULL") = int(FULL);
+  m.attr("EMPTY") = int(EMPTY);
+  m.attr("PARTIAL") = int(PARTIAL);
+  m.attr("FULL") = int(FULL);
   m.attr("MAX_THREADS") = kMaxThreads;
   m.attr("DECODE_MAX_NQ") = kDecodeMaxNq;
   m.attr("LANES") = kLanes;
@@ -460,11 +555,11 @@ NB_MODULE(_ext, m) {
         nb::arg("mods") = nb::tuple(), nb::arg("bias").none() = nb::none(), nb::arg("dropout_p") = 0.0,
         nb::arg("seed") = 0, nb::arg("threads") = 1);
   m.def("backward", &backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
-        nb::arg("dout"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::kw_only(), nb::arg("dlse").none() = nb::none(),
-        nb::arg("scale"), nb::arg("tile_class").none() = nb::none(), nb::arg("rows").none() = nb::none(),
-        nb::arg("bitmap_index").none() = nb::none(), nb::arg("bitmaps").none() = nb::none(),
-        nb::arg("mods") = nb::tuple(), nb::arg("bias").none() = nb::none(), nb::arg("dropout_p") = 0.0,
-        nb::arg("seed") = 0, nb::arg("threads") = 1);
+        nb::arg("dout"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::kw_only(),
+        nb::arg("dlse").none() = nb::none(), nb::arg("scale"), nb::arg("tile_class").none() = nb::none(),
+        nb::arg("rows").none() = nb::none(), nb::arg("bitmap_index").none() = nb::none(),
+        nb::arg("bitmaps").none() = nb::none(), nb::arg("mods") = nb::tuple(), nb::arg("bias").none() = nb::none(),
+        nb::arg("dropout_p") = 0.0, nb::arg("seed") = 0, nb::arg("threads") = 1);
   m.def("philox_keep_into", &philox_keep_into);
   m.def("_microbench", [](int kind, int64_t reps) {
     if (kind < 0 || kind > 4 || reps < 1) value_error("_microbench(kind in 0..4, reps >= 1)");

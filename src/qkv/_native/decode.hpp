@@ -27,15 +27,18 @@ __attribute__((noinline)) static void fwd_thin(const Params& P, FwdBufs<T>& S, c
   using V = typename VecOf<C>::V;
   const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes), nck = dkp / kLanes;
   // rows of Q (zero-padded to dkp) and of O, reusing the wide path's buffers
-  C* qr = S.qr;     // [rows][dkp]
-  C* orow = S.orow; // [rows][dvp]
+  C* qr = S.qr;      // [rows][dkp]
+  C* orow = S.orow;  // [rows][dvp]
   std::memset(static_cast<void*>(qr), 0, sizeof(C) * size_t(kThinMaxRows * dkp));
   std::memset(static_cast<void*>(orow), 0, sizeof(C) * size_t(kThinMaxRows * dvp));
   std::memset(static_cast<void*>(S.oc), 0, sizeof(C) * size_t(kThinMaxRows * dvp));
   const T* q = static_cast<const T*>(P.q.data);
   for (int l = 0; l < lg.n; ++l) {
     const T* row = q + lg.b * P.q.s0 + lg.h[l] * P.q.s1 + lg.i[l] * P.q.s2;
-    if (!storage_finite(row, P.Dk)) { fl[l] |= kBadQ; continue; }  // left zero: the row sees scores of 0
+    if (!storage_finite(row, P.Dk)) {
+      fl[l] |= kBadQ;
+      continue;
+    }  // left zero: the row sees scores of 0
     for (int64_t d = 0; d < P.Dk; ++d) qr[l * dkp + d] = to_c<C>(row[d]) * C(q_prescale(P));
   }
   C* m_run = S.ml;
@@ -62,7 +65,7 @@ __attribute__((noinline)) static void fwd_thin(const Params& P, FwdBufs<T>& S, c
     const bool full = tm.mode == TILE_FULL && !P.has_bias;
     if (!full)
       clean_tile<T>(P, &lg, 1, &tm, j0, jn, S.kc, S.vc, dkp, dvp, kp, ldk, vp, ldv,
-                    reinterpret_cast<uint8_t(*)[kLanes]>(fl));
+                    reinterpret_cast<uint8_t (*)[kLanes]>(fl));
     C* st = S.st;
     const V zero = vzero<V>();
     V kprobe = zero;

@@ -69,7 +69,10 @@ void ThreadPool::worker(int id) {
 }
 
 void ThreadPool::run(int n, TaskFn fn, void* ctx) {
-  if (n <= 1) { fn(ctx, 0); return; }
+  if (n <= 1) {
+    fn(ctx, 0);
+    return;
+  }
   std::lock_guard<std::mutex> call(call_mu_);
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -77,8 +80,10 @@ void ThreadPool::run(int n, TaskFn fn, void* ctx) {
       const int id = int(workers_.size()) + 1;
       workers_.emplace_back([this, id] { worker(id); });
     }
-    fn_ = fn; ctx_ = ctx;
-    active_ = n - 1; pending_ = n - 1;
+    fn_ = fn;
+    ctx_ = ctx;
+    active_ = n - 1;
+    pending_ = n - 1;
     ++generation_;
   }
   wake_.notify_all();
@@ -99,8 +104,8 @@ static bool cpu_has(const char* isa) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   if (!std::strcmp(isa, "avx512"))
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c") &&
+           __builtin_cpu_supports("fma");
 #endif
   return !std::strcmp(isa, "portable");
 }

@@ -5,8 +5,8 @@
 #include "params.hpp"
 
 namespace qkv_native {
-std::vector<const KernelTable*> runnable();         // best first; "portable" always last
-const KernelTable* find_table(const char* name);    // nullptr if this CPU cannot run it
+std::vector<const KernelTable*> runnable();       // best first; "portable" always last
+const KernelTable* find_table(const char* name);  // nullptr if this CPU cannot run it
 const KernelTable* current();
 void set_current(const KernelTable* t);
 ParallelFn parallel_fn();

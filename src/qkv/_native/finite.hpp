@@ -24,9 +24,9 @@ inline namespace QKV_NS {
 
 // Per-lane flags, OR-ed over a row's tiles (and over the splits of a decode row).
 enum LaneFlag : uint8_t {
-  kBadQ = 1,       // the q row is non-finite (it matters only if the row attends a key)
-  kBadInput = 2,   // an attended k / v row or bias entry is non-finite
-  kOverflow = 4,   // finite inputs, non-finite score or output
+  kBadQ = 1,      // the q row is non-finite (it matters only if the row attends a key)
+  kBadInput = 2,  // an attended k / v row or bias entry is non-finite
+  kOverflow = 4,  // finite inputs, non-finite score or output
 };
 
 // Whether every one of the n values is finite: a bitwise test of the exponent (vectorises; no
@@ -146,8 +146,10 @@ static inline const C* zeroed_rows(const C* x, int64_t ld, int64_t jn, int64_t D
                                    int64_t ld_buf) {
   for (int64_t jj = 0; jj < jn; ++jj) {
     C* dst = buf + jj * ld_buf;
-    if (t.any && t.bad[jj]) std::memset(static_cast<void*>(dst), 0, sizeof(C) * size_t(D));
-    else if (x != buf) std::memcpy(static_cast<void*>(dst), x + jj * ld, sizeof(C) * size_t(D));
+    if (t.any && t.bad[jj])
+      std::memset(static_cast<void*>(dst), 0, sizeof(C) * size_t(D));
+    else if (x != buf)
+      std::memcpy(static_cast<void*>(dst), x + jj * ld, sizeof(C) * size_t(D));
   }
   return buf;
 }
@@ -186,13 +188,19 @@ static inline void flag_attending(const Params& P, const LaneGroup& lg, const Ti
 // Out of line, so that the tile loop's code stays what it is without it.
 template <class C>
 __attribute__((noinline)) static void dirty_tile(const Params& P, const LaneGroup* lgs, int nlg, const TileMask* tm,
-                                                 int64_t j0, int64_t jn, C* kbuf, C* vbuf, int64_t ldkb,
-                                                 int64_t ldvb, const C*& kp, int64_t& ldk, const C*& vp,
-                                                 int64_t& ldv, uint8_t (*fl)[kLanes]) {
+                                                 int64_t j0, int64_t jn, C* kbuf, C* vbuf, int64_t ldkb, int64_t ldvb,
+                                                 const C*& kp, int64_t& ldk, const C*& vp, int64_t& ldv,
+                                                 uint8_t (*fl)[kLanes]) {
   TileRows bk, bv;
   const bool k_bad = scan_rows(kp, ldk, jn, P.Dk, bk), v_bad = scan_rows(vp, ldv, jn, P.Dv, bv);
-  if (k_bad) { kp = zeroed_rows(kp, ldk, jn, P.Dk, bk, kbuf, ldkb); ldk = ldkb; }
-  if (v_bad) { vp = zeroed_rows(vp, ldv, jn, P.Dv, bv, vbuf, ldvb); ldv = ldvb; }
+  if (k_bad) {
+    kp = zeroed_rows(kp, ldk, jn, P.Dk, bk, kbuf, ldkb);
+    ldk = ldkb;
+  }
+  if (v_bad) {
+    vp = zeroed_rows(vp, ldv, jn, P.Dv, bv, vbuf, ldvb);
+    ldv = ldvb;
+  }
   for (int g = 0; g < nlg; ++g) flag_attending(P, lgs[g], tm[g], j0, jn, bk, bv, fl[g]);
 }
 
@@ -209,7 +217,8 @@ __attribute__((noinline)) static bool row_admits(const Params& P, const LaneGrou
   int64_t a = 0, z = P.Nk;
   if (P.rows) {
     const int32_t* r = P.rows + lg.b * P.rw_b + lg.h[l] * P.rw_h + lg.i[l] * 2;
-    a = imax(r[0], 0); z = imin(r[1], P.Nk);
+    a = imax(r[0], 0);
+    z = imin(r[1], P.Nk);
     if (a >= z) return false;
     if (!P.tile_class && !P.has_bias) return true;
   }

@@ -10,23 +10,51 @@
 namespace qkv_native {
 inline namespace QKV_NS {
 
-struct VF { __m256 a, b; };
-struct MF { __m256 a, b; };
-struct VD { __m256d a, b, c, d; };
-struct MD { __m256d a, b, c, d; };
+struct VF {
+  __m256 a, b;
+};
+struct MF {
+  __m256 a, b;
+};
+struct VD {
+  __m256d a, b, c, d;
+};
+struct MD {
+  __m256d a, b, c, d;
+};
 // Register blocking: 6 rows x 2 ymm = 12 float accumulators; 3 rows x 4 ymm = 12 for double.
 constexpr int NR_F = 6;
 constexpr int NR_D = 3;
 
-template <class V> static inline V vzero();
-template <class V, class S> static inline V vset1(S x);
-template <> inline VF vzero<VF>() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-template <> inline VF vset1<VF, float>(float x) { const __m256 v = _mm256_set1_ps(x); return {v, v}; }
-template <> inline VD vzero<VD>() { const __m256d z = _mm256_setzero_pd(); return {z, z, z, z}; }
-template <> inline VD vset1<VD, double>(double x) { const __m256d v = _mm256_set1_pd(x); return {v, v, v, v}; }
+template <class V>
+static inline V vzero();
+template <class V, class S>
+static inline V vset1(S x);
+template <>
+inline VF vzero<VF>() {
+  return {_mm256_setzero_ps(), _mm256_setzero_ps()};
+}
+template <>
+inline VF vset1<VF, float>(float x) {
+  const __m256 v = _mm256_set1_ps(x);
+  return {v, v};
+}
+template <>
+inline VD vzero<VD>() {
+  const __m256d z = _mm256_setzero_pd();
+  return {z, z, z, z};
+}
+template <>
+inline VD vset1<VD, double>(double x) {
+  const __m256d v = _mm256_set1_pd(x);
+  return {v, v, v, v};
+}
 
 static inline VF vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-static inline void vstore(float* p, VF x) { _mm256_storeu_ps(p, x.a); _mm256_storeu_ps(p + 8, x.b); }
+static inline void vstore(float* p, VF x) {
+  _mm256_storeu_ps(p, x.a);
+  _mm256_storeu_ps(p + 8, x.b);
+}
 static inline VF vadd(VF x, VF y) { return {_mm256_add_ps(x.a, y.a), _mm256_add_ps(x.b, y.b)}; }
 static inline VF vsub(VF x, VF y) { return {_mm256_sub_ps(x.a, y.a), _mm256_sub_ps(x.b, y.b)}; }
 static inline VF vmul(VF x, VF y) { return {_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; }
@@ -46,9 +74,9 @@ static inline float vhsum(VF x) {
 }
 
 // 2^x for 8 floats: x = n + f, |f| <= 1/2; 2^f by a degree-6 polynomial fitted for relative
-// error on [-1/2, 1/2] (max 1.7e-8 in float64 evaluation, below float32 rounding), 2^n by adding n to the exponent field. x < -125
-// (including -inf: masked scores) gives exactly 0, never a denormal; NaN stays NaN (finite.hpp reads
-// a NaN row sum): max / min return their second operand, x, when it is NaN.
+// error on [-1/2, 1/2] (max 1.7e-8 in float64 evaluation, below float32 rounding), 2^n by adding n to the exponent
+// field. x < -125 (including -inf: masked scores) gives exactly 0, never a denormal; NaN stays NaN (finite.hpp reads a
+// NaN row sum): max / min return their second operand, x, when it is NaN.
 static inline __m256 exp2_8(__m256 x) {
   const __m256 lo = _mm256_set1_ps(-125.0f);
   const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
@@ -72,7 +100,10 @@ static inline VD vload(const double* p) {
   return {_mm256_loadu_pd(p), _mm256_loadu_pd(p + 4), _mm256_loadu_pd(p + 8), _mm256_loadu_pd(p + 12)};
 }
 static inline void vstore(double* p, VD x) {
-  _mm256_storeu_pd(p, x.a); _mm256_storeu_pd(p + 4, x.b); _mm256_storeu_pd(p + 8, x.c); _mm256_storeu_pd(p + 12, x.d);
+  _mm256_storeu_pd(p, x.a);
+  _mm256_storeu_pd(p + 4, x.b);
+  _mm256_storeu_pd(p + 8, x.c);
+  _mm256_storeu_pd(p + 12, x.d);
 }
 #define QKV_D4(OP, x, y) {OP(x.a, y.a), OP(x.b, y.b), OP(x.c, y.c), OP(x.d, y.d)}
 static inline VD vadd(VD x, VD y) { return QKV_D4(_mm256_add_pd, x, y); }
@@ -126,6 +157,5 @@ static inline void cvt_f16_row(const uint16_t* s, float* d, int64_t n) {
 #include "kernels_impl.hpp"
 
 namespace qkv_native {
-extern const KernelTable kTableAvx2 = {"avx2", &avx2::forward_entry, &avx2::backward_entry,
-                                         &avx2::microbench};
+extern const KernelTable kTableAvx2 = {"avx2", &avx2::forward_entry, &avx2::backward_entry, &avx2::microbench};
 }

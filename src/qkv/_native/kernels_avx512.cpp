@@ -11,21 +11,44 @@
 namespace qkv_native {
 inline namespace QKV_NS {
 
-struct VF { __m512 a; };
-struct MF { __mmask16 a; };
-struct VD { __m512d a, b; };
-struct MD { __mmask8 a, b; };
+struct VF {
+  __m512 a;
+};
+struct MF {
+  __mmask16 a;
+};
+struct VD {
+  __m512d a, b;
+};
+struct MD {
+  __mmask8 a, b;
+};
 // 12 rows x 1 zmm = 12 float accumulators (the broadcast folds into the FMA as {1to16});
 // 6 rows x 2 zmm = 12 for double.
 constexpr int NR_F = 12;
 constexpr int NR_D = 6;
 
-template <class V> static inline V vzero();
-template <class V, class S> static inline V vset1(S x);
-template <> inline VF vzero<VF>() { return {_mm512_setzero_ps()}; }
-template <> inline VF vset1<VF, float>(float x) { return {_mm512_set1_ps(x)}; }
-template <> inline VD vzero<VD>() { return {_mm512_setzero_pd(), _mm512_setzero_pd()}; }
-template <> inline VD vset1<VD, double>(double x) { const __m512d v = _mm512_set1_pd(x); return {v, v}; }
+template <class V>
+static inline V vzero();
+template <class V, class S>
+static inline V vset1(S x);
+template <>
+inline VF vzero<VF>() {
+  return {_mm512_setzero_ps()};
+}
+template <>
+inline VF vset1<VF, float>(float x) {
+  return {_mm512_set1_ps(x)};
+}
+template <>
+inline VD vzero<VD>() {
+  return {_mm512_setzero_pd(), _mm512_setzero_pd()};
+}
+template <>
+inline VD vset1<VD, double>(double x) {
+  const __m512d v = _mm512_set1_pd(x);
+  return {v, v};
+}
 
 static inline VF vload(const float* p) { return {_mm512_loadu_ps(p)}; }
 static inline void vstore(float* p, VF x) { _mm512_storeu_ps(p, x.a); }
@@ -61,7 +84,10 @@ static inline VF vexp2(VF v) {
 }
 
 static inline VD vload(const double* p) { return {_mm512_loadu_pd(p), _mm512_loadu_pd(p + 8)}; }
-static inline void vstore(double* p, VD x) { _mm512_storeu_pd(p, x.a); _mm512_storeu_pd(p + 8, x.b); }
+static inline void vstore(double* p, VD x) {
+  _mm512_storeu_pd(p, x.a);
+  _mm512_storeu_pd(p + 8, x.b);
+}
 static inline VD vadd(VD x, VD y) { return {_mm512_add_pd(x.a, y.a), _mm512_add_pd(x.b, y.b)}; }
 static inline VD vsub(VD x, VD y) { return {_mm512_sub_pd(x.a, y.a), _mm512_sub_pd(x.b, y.b)}; }
 static inline VD vmul(VD x, VD y) { return {_mm512_mul_pd(x.a, y.a), _mm512_mul_pd(x.b, y.b)}; }

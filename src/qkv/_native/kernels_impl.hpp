@@ -12,7 +12,10 @@ namespace qkv_native {
 inline namespace QKV_NS {
 
 static inline void run_parallel(const Params& P, int n, TaskFn fn, void* ctx) {
-  if (n <= 1 || !P.parallel) { fn(ctx, 0); return; }
+  if (n <= 1 || !P.parallel) {
+    fn(ctx, 0);
+    return;
+  }
   P.parallel(n, fn, ctx);
 }
 
@@ -21,7 +24,8 @@ static inline void run_parallel(const Params& P, int n, TaskFn fn, void* ctx) {
 // Longest key range (in tiles) of a 64-row block for which lane groups walk their own ranges.
 constexpr int64_t kLaneRangeMax = 8;
 
-template <class T> struct FwdJob {
+template <class T>
+struct FwdJob {
   using C = typename Compute<T>::type;
   const Params* P;
   Arena arena;
@@ -40,17 +44,22 @@ static int make_rowset(const Params& P, const FwdJob<T>& J, int64_t item, LaneGr
   const int64_t group = P.H / P.Hkv;
   split = 0;
   if (J.decode) {
-    split = item % J.splits; item /= J.splits;
-    const int64_t c = item % J.chunks; item /= J.chunks;
+    split = item % J.splits;
+    item /= J.splits;
+    const int64_t c = item % J.chunks;
+    item /= J.chunks;
     const int64_t g = item % P.Hkv, b = item / P.Hkv;
     const int64_t r0 = c * 4 * kLanes, nr = imin(4 * kLanes, J.rows_per_kv - r0);
     const int nlg = int((nr + kLanes - 1) / kLanes);
     for (int lg = 0; lg < nlg; ++lg) {
       LaneGroup& L = lgs[lg];
-      L.b = b; L.g = g; L.n = int(imin(kLanes, nr - lg * kLanes));
+      L.b = b;
+      L.g = g;
+      L.n = int(imin(kLanes, nr - lg * kLanes));
       for (int l = 0; l < kLanes; ++l) {
         const int64_t r = r0 + lg * kLanes + (l < L.n ? l : 0);
-        L.h[l] = g * group + r / P.Nq; L.i[l] = r % P.Nq;
+        L.h[l] = g * group + r / P.Nq;
+        L.i[l] = r % P.Nq;
       }
     }
     return nlg;
@@ -61,8 +70,13 @@ static int make_rowset(const Params& P, const FwdJob<T>& J, int64_t item, LaneGr
   const int nlg = int((nr + kLanes - 1) / kLanes);
   for (int lg = 0; lg < nlg; ++lg) {
     LaneGroup& L = lgs[lg];
-    L.b = b; L.g = h / group; L.n = int(imin(kLanes, nr - lg * kLanes));
-    for (int l = 0; l < kLanes; ++l) { L.h[l] = h; L.i[l] = i0 + lg * kLanes + (l < L.n ? l : 0); }
+    L.b = b;
+    L.g = h / group;
+    L.n = int(imin(kLanes, nr - lg * kLanes));
+    for (int l = 0; l < kLanes; ++l) {
+      L.h[l] = h;
+      L.i[l] = i0 + lg * kLanes + (l < L.n ? l : 0);
+    }
   }
   return nlg;
 }
@@ -102,9 +116,13 @@ static void fwd_task(void* ctx, int tid) {
     if (J.decode && J.splits > 1) {
       // fixed, tile-aligned split points: the same partials whichever thread runs them
       const int64_t s0 = split * J.split_len, s1 = imin(P.Nk, s0 + J.split_len);
-      ka = imax(ka, s0); kz = imin(kz, s1);
+      ka = imax(ka, s0);
+      kz = imin(kz, s1);
       C* base = J.part_buf + it * J.part_stride;
-      part.m = base; part.l = base + 4 * kLanes; part.f = base + 8 * kLanes; part.o = base + 12 * kLanes;
+      part.m = base;
+      part.l = base + 4 * kLanes;
+      part.f = base + 8 * kLanes;
+      part.o = base + 12 * kLanes;
       pp = &part;
     }
     if (J.thin) {
@@ -146,7 +164,10 @@ static bool forward_impl(const Params& P) {
     J.n_items = P.B * P.H * ((P.Nq + P.bq - 1) / P.bq);
   }
   const int nt = int(imin(threads, J.n_items));
-  if (!J.arena.alloc(nt < 1 ? 1 : nt, FwdBufs<T>::bytes(P))) { std::free(J.part_buf); return false; }
+  if (!J.arena.alloc(nt < 1 ? 1 : nt, FwdBufs<T>::bytes(P))) {
+    std::free(J.part_buf);
+    return false;
+  }
   run_parallel(P, nt, &fwd_task<T>, &J);
   if (J.part_buf) {
     LaneGroup lgs[4];
@@ -167,7 +188,8 @@ static bool forward_impl(const Params& P) {
 
 // ------------------------------------------------------------------ backward
 
-template <class T> struct BwdJob {
+template <class T>
+struct BwdJob {
   using C = typename Compute<T>::type;
   const Params* P;
   Arena arena;
@@ -204,7 +226,11 @@ static bool backward_impl(const Params& P) {
   J.row_nan = static_cast<uint8_t*>(std::calloc(size_t(rows), 1));
   C* parts[kMaxThreads] = {};
   J.dq_part = parts;
-  if (!J.Dbuf || !J.row_nan) { std::free(J.Dbuf); std::free(J.row_nan); return false; }
+  if (!J.Dbuf || !J.row_nan) {
+    std::free(J.Dbuf);
+    std::free(J.row_nan);
+    return false;
+  }
   const T* o = static_cast<const T*>(P.out_s.data);
   const T* dout = static_cast<const T*>(P.dout);
   for (int64_t b = 0; b < P.B; ++b)
@@ -258,23 +284,35 @@ static double microbench(int kind, int64_t reps) {
   float* st = ot + D * kLanes;
   float* ml = st + bk * kLanes;
   float* oc = ml + 4 * kLanes;  // O's Kahan carry (microkernel.hpp)
-  for (int64_t x = 0; x < bk * D; ++x) { kt[x] = float(x % 7) * 0.01f; vt[x] = float(x % 5) * 0.01f; }
+  for (int64_t x = 0; x < bk * D; ++x) {
+    kt[x] = float(x % 7) * 0.01f;
+    vt[x] = float(x % 5) * 0.01f;
+  }
   for (int64_t x = 0; x < D * kLanes; ++x) qt[x] = float(x % 3) * 0.01f;
   for (int64_t x = 0; x < bk * kLanes; ++x) st[x] = -float(x % 11);
   Params P;
-  P.Nq = P.Nk = 1 << 20; P.bk = int(bk);
-  LaneGroup lg; lg.n = kLanes;
-  for (int l = 0; l < kLanes; ++l) { lg.h[l] = 0; lg.i[l] = l; }
-  TileMask tm; tm.mode = TILE_FULL;
+  P.Nq = P.Nk = 1 << 20;
+  P.bk = int(bk);
+  LaneGroup lg;
+  lg.n = kLanes;
+  for (int l = 0; l < kLanes; ++l) {
+    lg.h[l] = 0;
+    lg.i[l] = l;
+  }
+  TileMask tm;
+  tm.mode = TILE_FULL;
   ModLanes<float> mlanes;
   mod_lanes_init(P, lg, mlanes);
-  vstore(ml, vset1<V>(-INFINITY)); vstore(ml + kLanes, vzero<V>());
+  vstore(ml, vset1<V>(-INFINITY));
+  vstore(ml + kLanes, vzero<V>());
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   V sink = vzero<V>();
   for (int64_t r = 0; r < reps; ++r) {
-    if (kind == 0) gemm16<false>(st, kLanes, kt, D, 1, qt, kLanes, bk, D);
-    else if (kind == 1) gemm16<true>(ot, kLanes, vt, 1, D, st, kLanes, D, bk);
+    if (kind == 0)
+      gemm16<false>(st, kLanes, kt, D, 1, qt, kLanes, bk, D);
+    else if (kind == 1)
+      gemm16<true>(ot, kLanes, vt, 1, D, st, kLanes, D, bk);
     else if (kind == 4) {  // register-only FMA peak: 6 x 16 lanes of independent chains
       V acc[6];
       for (int m = 0; m < 6; ++m) acc[m] = vset1<V>(float(m));
@@ -283,11 +321,12 @@ static double microbench(int kind, int64_t reps) {
 #pragma GCC unroll 6
         for (int m = 0; m < 6; ++m) acc[m] = vfma(acc[m], b, c);
       for (int m = 0; m < 6; ++m) sink = vadd(sink, acc[m]);
-    } else if (kind == 2) for (int64_t jj = 0; jj < bk; ++jj) sink = vadd(sink, vexp2(vload(st + jj * kLanes)));
+    } else if (kind == 2)
+      for (int64_t jj = 0; jj < bk; ++jj) sink = vadd(sink, vexp2(vload(st + jj * kLanes)));
     else {
       gemm16<false>(st, kLanes, kt, D, 1, qt, kLanes, bk, D);
-      const V alpha = softmax_tile<float, float>(P, lg, mlanes, tm, 0, bk, st, nullptr, ml, ml + kLanes,
-                                                 ml + 2 * kLanes);
+      const V alpha =
+          softmax_tile<float, float>(P, lg, mlanes, tm, 0, bk, st, nullptr, ml, ml + kLanes, ml + 2 * kLanes);
       gemm16_kahan(ot, oc, kLanes, vt, 1, D, st, kLanes, D, bk, alpha);
     }
   }
@@ -296,7 +335,7 @@ static double microbench(int kind, int64_t reps) {
   vstore(s, sink);
   if (s[0] == 12345.0f) std::printf("%g\n", double(ot[0]));  // keep the work
   const double sec = double(t1.tv_sec - t0.tv_sec) + 1e-9 * double(t1.tv_nsec - t0.tv_nsec);
-  const double per = kind == 2 ? double(bk * kLanes)
+  const double per = kind == 2   ? double(bk * kLanes)
                      : kind == 3 ? 4.0 * bk * kLanes * D
                      : kind == 4 ? 6.0 * 2 * kLanes * bk * D
                                  : 2.0 * bk * kLanes * D;
@@ -307,19 +346,27 @@ static double microbench(int kind, int64_t reps) {
 
 static bool forward_entry(const Params& P) {
   switch (P.dtype) {
-    case DType::f32: return forward_impl<float>(P);
-    case DType::f64: return forward_impl<double>(P);
-    case DType::f16: return forward_impl<f16_t>(P);
-    default: return forward_impl<bf16_t>(P);
+    case DType::f32:
+      return forward_impl<float>(P);
+    case DType::f64:
+      return forward_impl<double>(P);
+    case DType::f16:
+      return forward_impl<f16_t>(P);
+    default:
+      return forward_impl<bf16_t>(P);
   }
 }
 
 static bool backward_entry(const Params& P) {
   switch (P.dtype) {
-    case DType::f32: return backward_impl<float>(P);
-    case DType::f64: return backward_impl<double>(P);
-    case DType::f16: return backward_impl<f16_t>(P);
-    default: return backward_impl<bf16_t>(P);
+    case DType::f32:
+      return backward_impl<float>(P);
+    case DType::f64:
+      return backward_impl<double>(P);
+    case DType::f16:
+      return backward_impl<f16_t>(P);
+    default:
+      return backward_impl<bf16_t>(P);
   }
 }
 

@@ -10,36 +10,118 @@
 namespace qkv_native {
 inline namespace QKV_NS {
 
-struct VF { float v[16]; };
-struct VD { double v[16]; };
-struct MF { bool v[16]; };
-struct MD { bool v[16]; };
+struct VF {
+  float v[16];
+};
+struct VD {
+  double v[16];
+};
+struct MF {
+  bool v[16];
+};
+struct MD {
+  bool v[16];
+};
 constexpr int NR_F = 4;
 constexpr int NR_D = 2;
 
 #define QKV_LANES for (int i = 0; i < 16; ++i)
-template <class V> static inline V vzero();
-template <class V, class S> static inline V vset1(S x);
-template <> inline VF vzero<VF>() { VF r; QKV_LANES r.v[i] = 0.0f; return r; }
-template <> inline VD vzero<VD>() { VD r; QKV_LANES r.v[i] = 0.0; return r; }
-template <> inline VF vset1<VF, float>(float x) { VF r; QKV_LANES r.v[i] = x; return r; }
-template <> inline VD vset1<VD, double>(double x) { VD r; QKV_LANES r.v[i] = x; return r; }
+template <class V>
+static inline V vzero();
+template <class V, class S>
+static inline V vset1(S x);
+template <>
+inline VF vzero<VF>() {
+  VF r;
+  QKV_LANES r.v[i] = 0.0f;
+  return r;
+}
+template <>
+inline VD vzero<VD>() {
+  VD r;
+  QKV_LANES r.v[i] = 0.0;
+  return r;
+}
+template <>
+inline VF vset1<VF, float>(float x) {
+  VF r;
+  QKV_LANES r.v[i] = x;
+  return r;
+}
+template <>
+inline VD vset1<VD, double>(double x) {
+  VD r;
+  QKV_LANES r.v[i] = x;
+  return r;
+}
 
-#define QKV_VOPS(V, M, S)                                                                    \
-  static inline V vload(const S* p) { V r; QKV_LANES r.v[i] = p[i]; return r; }             \
-  static inline void vstore(S* p, V x) { QKV_LANES p[i] = x.v[i]; }                          \
-  static inline V vadd(V x, V y) { V r; QKV_LANES r.v[i] = x.v[i] + y.v[i]; return r; }      \
-  static inline V vsub(V x, V y) { V r; QKV_LANES r.v[i] = x.v[i] - y.v[i]; return r; }      \
-  static inline V vmul(V x, V y) { V r; QKV_LANES r.v[i] = x.v[i] * y.v[i]; return r; }      \
-  static inline V vmax(V x, V y) { V r; QKV_LANES r.v[i] = x.v[i] > y.v[i] ? x.v[i] : y.v[i]; return r; } \
-  static inline V vfma(V x, V y, V z) { V r; QKV_LANES r.v[i] = x.v[i] * y.v[i] + z.v[i]; return r; } \
-  static inline M vlt(V x, V y) { M r; QKV_LANES r.v[i] = x.v[i] < y.v[i]; return r; }      \
-  static inline M vle(V x, V y) { M r; QKV_LANES r.v[i] = x.v[i] <= y.v[i]; return r; }     \
-  static inline M veq(V x, V y) { M r; QKV_LANES r.v[i] = x.v[i] == y.v[i]; return r; }     \
-  static inline M vand(M x, M y) { M r; QKV_LANES r.v[i] = x.v[i] && y.v[i]; return r; }    \
-  static inline V vsel(M m, V x, V y) { V r; QKV_LANES r.v[i] = m.v[i] ? x.v[i] : y.v[i]; return r; } \
-  static inline S vhsum(V x) { S s = 0; QKV_LANES s += x.v[i]; return s; }                   \
-  static inline V vexp2(V x) { V r; QKV_LANES r.v[i] = std::exp2(x.v[i]); return r; }
+#define QKV_VOPS(V, M, S)                                           \
+  static inline V vload(const S* p) {                               \
+    V r;                                                            \
+    QKV_LANES r.v[i] = p[i];                                        \
+    return r;                                                       \
+  }                                                                 \
+  static inline void vstore(S* p, V x) { QKV_LANES p[i] = x.v[i]; } \
+  static inline V vadd(V x, V y) {                                  \
+    V r;                                                            \
+    QKV_LANES r.v[i] = x.v[i] + y.v[i];                             \
+    return r;                                                       \
+  }                                                                 \
+  static inline V vsub(V x, V y) {                                  \
+    V r;                                                            \
+    QKV_LANES r.v[i] = x.v[i] - y.v[i];                             \
+    return r;                                                       \
+  }                                                                 \
+  static inline V vmul(V x, V y) {                                  \
+    V r;                                                            \
+    QKV_LANES r.v[i] = x.v[i] * y.v[i];                             \
+    return r;                                                       \
+  }                                                                 \
+  static inline V vmax(V x, V y) {                                  \
+    V r;                                                            \
+    QKV_LANES r.v[i] = x.v[i] > y.v[i] ? x.v[i] : y.v[i];           \
+    return r;                                                       \
+  }                                                                 \
+  static inline V vfma(V x, V y, V z) {                             \
+    V r;                                                            \
+    QKV_LANES r.v[i] = x.v[i] * y.v[i] + z.v[i];                    \
+    return r;                                                       \
+  }                                                                 \
+  static inline M vlt(V x, V y) {                                   \
+    M r;                                                            \
+    QKV_LANES r.v[i] = x.v[i] < y.v[i];                             \
+    return r;                                                       \
+  }                                                                 \
+  static inline M vle(V x, V y) {                                   \
+    M r;                                                            \
+    QKV_LANES r.v[i] = x.v[i] <= y.v[i];                            \
+    return r;                                                       \
+  }                                                                 \
+  static inline M veq(V x, V y) {                                   \
+    M r;                                                            \
+    QKV_LANES r.v[i] = x.v[i] == y.v[i];                            \
+    return r;                                                       \
+  }                                                                 \
+  static inline M vand(M x, M y) {                                  \
+    M r;                                                            \
+    QKV_LANES r.v[i] = x.v[i] && y.v[i];                            \
+    return r;                                                       \
+  }                                                                 \
+  static inline V vsel(M m, V x, V y) {                             \
+    V r;                                                            \
+    QKV_LANES r.v[i] = m.v[i] ? x.v[i] : y.v[i];                    \
+    return r;                                                       \
+  }                                                                 \
+  static inline S vhsum(V x) {                                      \
+    S s = 0;                                                        \
+    QKV_LANES s += x.v[i];                                          \
+    return s;                                                       \
+  }                                                                 \
+  static inline V vexp2(V x) {                                      \
+    V r;                                                            \
+    QKV_LANES r.v[i] = std::exp2(x.v[i]);                           \
+    return r;                                                       \
+  }
 QKV_VOPS(VF, MF, float)
 QKV_VOPS(VD, MD, double)
 #undef QKV_VOPS
@@ -64,5 +146,5 @@ static inline void cvt_f16_row(const uint16_t* s, float* d, int64_t n) {
 
 namespace qkv_native {
 extern const KernelTable kTablePortable = {"portable", &portable::forward_entry, &portable::backward_entry,
-                                         &portable::microbench};
+                                           &portable::microbench};
 }

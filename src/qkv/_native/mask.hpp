@@ -15,8 +15,8 @@ namespace qkv_native {
 inline namespace QKV_NS {
 
 struct LaneGroup {
-  int n = 0;                  // active lanes; lanes n..15 hold zero queries and are never stored
-  int64_t b = 0, g = 0;       // batch index, kv head
+  int n = 0;             // active lanes; lanes n..15 hold zero queries and are never stored
+  int64_t b = 0, g = 0;  // batch index, kv head
   int64_t h[kLanes], i[kLanes];
 };
 
@@ -31,24 +31,29 @@ struct TileMask {
   const uint64_t* bm_row[kLanes];
 };
 
-static inline void classify(const Params& P, const LaneGroup& lg, int64_t kb, int64_t j0, int64_t jn,
-                            TileMask& tm) {
+static inline void classify(const Params& P, const LaneGroup& lg, int64_t kb, int64_t j0, int64_t jn, TileMask& tm) {
   bool all_empty = true, all_full = true;
   tm.any_bitmap = false;
   for (int l = 0; l < kLanes; ++l) {
-    tm.lo[l] = 0; tm.hi[l] = int32_t(jn); tm.bm_row[l] = nullptr;
+    tm.lo[l] = 0;
+    tm.hi[l] = int32_t(jn);
+    tm.bm_row[l] = nullptr;
     if (l >= lg.n) continue;
     const int64_t h = lg.h[l], i = lg.i[l], qb = i / P.bq;
     int cls = FULL;
     int64_t lo = 0, hi = jn;
     if (P.rows) {
       const int32_t* r = P.rows + lg.b * P.rw_b + h * P.rw_h + i * 2;
-      lo = imax(int64_t(r[0]) - j0, 0); hi = imin(int64_t(r[1]) - j0, jn);
+      lo = imax(int64_t(r[0]) - j0, 0);
+      hi = imin(int64_t(r[1]) - j0, jn);
     }
     if (P.tile_class) {
       cls = P.tile_class[lg.b * P.tc_b + h * P.tc_h + qb * P.nbk + kb];
       if (cls == PARTIAL) {
-        if (!P.rows) { lo = 0; hi = jn; }
+        if (!P.rows) {
+          lo = 0;
+          hi = jn;
+        }
         if (P.bitmap_index) {
           const int32_t bi = P.bitmap_index[lg.b * P.bi_b + h * P.bi_h + qb * P.nbk + kb];
           if (bi >= 0) {
@@ -61,9 +66,16 @@ static inline void classify(const Params& P, const LaneGroup& lg, int64_t kb, in
     } else if (P.rows) {
       cls = lo >= hi ? EMPTY : (lo == 0 && hi == jn ? FULL : PARTIAL);
     }
-    if (cls == EMPTY) { lo = 0; hi = 0; }
-    if (cls == FULL) { lo = 0; hi = jn; }
-    tm.lo[l] = int32_t(lo); tm.hi[l] = int32_t(hi);
+    if (cls == EMPTY) {
+      lo = 0;
+      hi = 0;
+    }
+    if (cls == FULL) {
+      lo = 0;
+      hi = jn;
+    }
+    tm.lo[l] = int32_t(lo);
+    tm.hi[l] = int32_t(hi);
     all_empty = all_empty && cls == EMPTY;
     all_full = all_full && cls == FULL;
   }
@@ -73,17 +85,26 @@ static inline void classify(const Params& P, const LaneGroup& lg, int64_t kb, in
 // Key range [k_lo, k_hi) that can matter to any row of a set, when only intervals are given:
 // tiles outside it are never visited (causal skips its upper triangle without touching it).
 static inline void row_key_range(const Params& P, const LaneGroup* lgs, int nlg, int64_t& k_lo, int64_t& k_hi) {
-  k_lo = 0; k_hi = P.Nk;
+  k_lo = 0;
+  k_hi = P.Nk;
   if (!P.rows || P.tile_class) return;
   int64_t lo = P.Nk, hi = 0;
   for (int g = 0; g < nlg; ++g)
     for (int l = 0; l < lgs[g].n; ++l) {
       const int32_t* r = P.rows + lgs[g].b * P.rw_b + lgs[g].h[l] * P.rw_h + lgs[g].i[l] * 2;
       const int64_t a = imax(r[0], 0), z = imin(r[1], P.Nk);
-      if (a < z) { lo = imin(lo, a); hi = imax(hi, z); }
+      if (a < z) {
+        lo = imin(lo, a);
+        hi = imax(hi, z);
+      }
     }
-  if (lo >= hi) { k_lo = 0; k_hi = 0; return; }
-  k_lo = lo; k_hi = hi;
+  if (lo >= hi) {
+    k_lo = 0;
+    k_hi = 0;
+    return;
+  }
+  k_lo = lo;
+  k_hi = hi;
 }
 
 }  // namespace QKV_NS

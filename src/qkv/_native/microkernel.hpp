@@ -19,9 +19,18 @@
 namespace qkv_native {
 inline namespace QKV_NS {
 
-template <class C> struct VecOf;
-template <> struct VecOf<float> { using V = VF; static constexpr int NR = NR_F; };
-template <> struct VecOf<double> { using V = VD; static constexpr int NR = NR_D; };
+template <class C>
+struct VecOf;
+template <>
+struct VecOf<float> {
+  using V = VF;
+  static constexpr int NR = NR_F;
+};
+template <>
+struct VecOf<double> {
+  using V = VD;
+  static constexpr int NR = NR_D;
+};
 
 // What a block does with its sums: STORE (C =), ACC (C +=), or KAHAN: C = C alpha + sum, compensated,
 // the carry in K (same layout as C) rescaled along; alpha is one vector for every row m, or the
@@ -64,10 +73,13 @@ static inline __attribute__((always_inline)) void mk_block(C* __restrict Cp, int
 }
 
 template <class V, int K, int MODE, class C>
-static inline void mk_tail(int rem, C* Cp, int64_t ldc, const C* A, int64_t sam, int64_t sar, const C* Bp,
-                           int64_t ldb, int64_t R, C* Kp, V alpha, const C* am) {
+static inline void mk_tail(int rem, C* Cp, int64_t ldc, const C* A, int64_t sam, int64_t sar, const C* Bp, int64_t ldb,
+                           int64_t R, C* Kp, V alpha, const C* am) {
   if constexpr (K >= 1) {
-    if (rem == K) { mk_block<V, K, MODE>(Cp, ldc, A, sam, sar, Bp, ldb, R, Kp, alpha, am); return; }
+    if (rem == K) {
+      mk_block<V, K, MODE>(Cp, ldc, A, sam, sar, Bp, ldb, R, Kp, alpha, am);
+      return;
+    }
     mk_tail<V, K - 1, MODE>(rem, Cp, ldc, A, sam, sar, Bp, ldb, R, Kp, alpha, am);
   }
 }
@@ -88,8 +100,8 @@ static void gemm16m(C* Cp, int64_t ldc, const C* A, int64_t sam, int64_t sar, co
 
 // C = (or +=) A B
 template <bool ACCUMULATE, class C>
-static void gemm16(C* Cp, int64_t ldc, const C* A, int64_t sam, int64_t sar, const C* Bp, int64_t ldb,
-                   int64_t M, int64_t R) {
+static void gemm16(C* Cp, int64_t ldc, const C* A, int64_t sam, int64_t sar, const C* Bp, int64_t ldb, int64_t M,
+                   int64_t R) {
   gemm16m<ACCUMULATE ? ACC : STORE>(Cp, ldc, A, sam, sar, Bp, ldb, M, R, static_cast<C*>(nullptr),
                                     vzero<typename VecOf<C>::V>(), static_cast<const C*>(nullptr));
 }

@@ -17,10 +17,11 @@ constexpr double kLog2e = 1.4426950408889634074;
 constexpr double kLn2 = 0.6931471805599453094;
 
 // Per lane group: what each lane needs from the mods (its query position, its head's slope/table).
-template <class C> struct ModLanes {
-  C pos[kLanes];                           // p = i + (Nk - Nq): bottom-right aligned query position
-  C slope[kMaxMods][kLanes];               // alibi slope of the lane's head
-  const double* rel[kMaxMods][kLanes];     // relbias table row of the lane's head
+template <class C>
+struct ModLanes {
+  C pos[kLanes];                        // p = i + (Nk - Nq): bottom-right aligned query position
+  C slope[kMaxMods][kLanes];            // alibi slope of the lane's head
+  const double* rel[kMaxMods][kLanes];  // relbias table row of the lane's head
 };
 
 template <class C>
@@ -41,14 +42,17 @@ static inline void mod_lanes_init(const Params& P, const LaneGroup& lg, ModLanes
 // entry that is NaN or +inf where the lane may attend is a non-finite input (finite.hpp): it reads
 // as 0 here and the lane is flagged kBadInput (its row becomes NaN); -inf hides the key.
 template <class C>
-static bool build_additive(const Params& P, const LaneGroup& lg, const TileMask& tm, int64_t j0, int64_t jn,
-                           C* addt, uint8_t* fl) {
+static bool build_additive(const Params& P, const LaneGroup& lg, const TileMask& tm, int64_t j0, int64_t jn, C* addt,
+                           uint8_t* fl) {
   const bool bitmaps = tm.mode == TILE_MASKED && tm.any_bitmap;
   if (!P.has_bias && !bitmaps) return false;
   const C ninf = -INFINITY;
   const bool masked = tm.mode == TILE_MASKED;
   for (int l = 0; l < kLanes; ++l) {
-    if (l >= lg.n) { for (int64_t jj = 0; jj < jn; ++jj) addt[jj * kLanes + l] = C(0); continue; }
+    if (l >= lg.n) {
+      for (int64_t jj = 0; jj < jn; ++jj) addt[jj * kLanes + l] = C(0);
+      continue;
+    }
     const int64_t off = lg.b * P.bias.s0 + lg.h[l] * P.bias.s1 + lg.i[l] * P.bias.s2 + j0 * P.bias.s3;
     const uint64_t* bm = bitmaps ? tm.bm_row[l] : nullptr;
     for (int64_t jj = 0; jj < jn; ++jj) {

@@ -34,7 +34,7 @@ constexpr int kDecodeMaxNq = 16;
 // and backward (dQ partials); the binding refuses more and Python caps its thread count here.
 constexpr int kMaxThreads = 256;
 
-struct Strided {            // a 4-D (or 3-D) strided view; strides in elements
+struct Strided {  // a 4-D (or 3-D) strided view; strides in elements
   const void* data = nullptr;
   int64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
 };
@@ -59,28 +59,42 @@ typedef void (*ParallelFn)(int n, TaskFn fn, void* ctx);
 struct Params {
   DType dtype = DType::f32;
   int64_t B = 0, H = 0, Hkv = 0, Nq = 0, Nk = 0, Dk = 0, Dv = 0;
-  Strided q, k, v;              // (B, H, Nq, Dk), (B, Hkv, Nk, Dk), (B, Hkv, Nk, Dv); last stride 1
+  Strided q, k, v;  // (B, H, Nq, Dk), (B, Hkv, Nk, Dk), (B, Hkv, Nk, Dv); last stride 1
   double scale = 1.0;
   // mask (all optional)
-  int bq = kBlockQ, bk = kBlockK; // tile shape (tile_shape())
+  int bq = kBlockQ, bk = kBlockK;  // tile shape (tile_shape())
   int64_t nbq = 0, nbk = 0;
-  const int8_t* tile_class = nullptr; int64_t tc_b = 0, tc_h = 0;    // (Bm, Hm, nbq, nbk) contiguous
-  const int32_t* rows = nullptr; int64_t rw_b = 0, rw_h = 0;         // (Bm, Hm, Nq, 2) contiguous
-  const int32_t* bitmap_index = nullptr; int64_t bi_b = 0, bi_h = 0; // (Bm, Hm, nbq, nbk) contiguous
-  const uint64_t* bitmaps = nullptr; int64_t n_bitmaps = 0, words = 0; // (n, bq, words) contiguous
+  const int8_t* tile_class = nullptr;
+  int64_t tc_b = 0, tc_h = 0;  // (Bm, Hm, nbq, nbk) contiguous
+  const int32_t* rows = nullptr;
+  int64_t rw_b = 0, rw_h = 0;  // (Bm, Hm, Nq, 2) contiguous
+  const int32_t* bitmap_index = nullptr;
+  int64_t bi_b = 0, bi_h = 0;  // (Bm, Hm, nbq, nbk) contiguous
+  const uint64_t* bitmaps = nullptr;
+  int64_t n_bitmaps = 0, words = 0;  // (n, bq, words) contiguous
   // score mods, then bias
-  int n_mods = 0; Mod mods[kMaxMods];
-  Strided bias; DType bias_dtype = DType::f32; bool has_bias = false;
+  int n_mods = 0;
+  Mod mods[kMaxMods];
+  Strided bias;
+  DType bias_dtype = DType::f32;
+  bool has_bias = false;
   // dropout
-  double dropout_p = 0.0; uint64_t seed = 0;
+  double dropout_p = 0.0;
+  uint64_t seed = 0;
   // outputs (C-contiguous): out (B,H,Nq,Dv) dtype; lse (B,H,Nq) float32 or float64 (f64 inputs)
-  void* out = nullptr; void* lse = nullptr;
+  void* out = nullptr;
+  void* lse = nullptr;
   // backward only
-  const void* dout = nullptr; Strided dout_s;  // (B,H,Nq,Dv) dtype, last stride 1
-  Strided out_s;                               // out as input of backward (strided)
-  Strided lse_s;                               // lse as input of backward (float32/64 per dtype)
-  const void* dlse = nullptr; Strided dlse_s; DType dlse_dtype = DType::f32;
-  void* dq = nullptr; void* dk = nullptr; void* dv = nullptr; // C-contiguous, f32 (f64 for f64)
+  const void* dout = nullptr;
+  Strided dout_s;  // (B,H,Nq,Dv) dtype, last stride 1
+  Strided out_s;   // out as input of backward (strided)
+  Strided lse_s;   // lse as input of backward (float32/64 per dtype)
+  const void* dlse = nullptr;
+  Strided dlse_s;
+  DType dlse_dtype = DType::f32;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;  // C-contiguous, f32 (f64 for f64)
   int threads = 1;
   ParallelFn parallel = nullptr;
   // rows written as NaN: [0] attended a non-finite input, [1] finite inputs overflowed (finite.hpp)
@@ -92,7 +106,7 @@ struct Params {
 // One table per ISA translation unit (kernels_<isa>.cpp); dispatch.cpp picks one.
 struct KernelTable {
   const char* name;
-  bool (*forward)(const Params&);   // false: out of memory (scratch could not be allocated)
+  bool (*forward)(const Params&);  // false: out of memory (scratch could not be allocated)
   bool (*backward)(const Params&);
   double (*microbench)(int kind, int64_t reps);  // benchmark report only (kernels_impl.hpp)
 };

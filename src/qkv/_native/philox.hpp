@@ -16,18 +16,23 @@
 namespace qkv_native {
 inline namespace QKV_NS {
 
-struct Philox4 { uint32_t w[4]; };
+struct Philox4 {
+  uint32_t w[4];
+};
 
-static inline Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
-                                    uint32_t k0, uint32_t k1) {
+static inline Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
   const uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u;  // Random123's multipliers
   const uint32_t W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;  // Weyl key increments (golden ratio, sqrt 3)
   for (int r = 0; r < 10; ++r) {
     const uint64_t p0 = uint64_t(M0) * c0, p1 = uint64_t(M1) * c2;
     const uint32_t hi0 = uint32_t(p0 >> 32), lo0 = uint32_t(p0);
     const uint32_t hi1 = uint32_t(p1 >> 32), lo1 = uint32_t(p1);
-    c0 = hi1 ^ c1 ^ k0; c1 = lo1; c2 = hi0 ^ c3 ^ k1; c3 = lo0;
-    k0 += W0; k1 += W1;
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += W0;
+    k1 += W1;
   }
   return Philox4{{c0, c1, c2, c3}};
 }
@@ -42,8 +47,8 @@ static inline uint32_t dropout_threshold(double p) {
 
 // keep bits of one row segment: keys [j0, j1) of query i; writes out[j - j0] = 0/1.
 template <class F>
-static inline void philox_row(uint64_t seed, uint32_t b, uint32_t h, uint32_t i, int64_t j0, int64_t j1,
-                              uint32_t thr, F&& emit) {
+static inline void philox_row(uint64_t seed, uint32_t b, uint32_t h, uint32_t i, int64_t j0, int64_t j1, uint32_t thr,
+                              F&& emit) {
   const uint32_t k0 = uint32_t(seed & 0xffffffffu), k1 = uint32_t(seed >> 32);
   int64_t j = j0;
   while (j < j1) {

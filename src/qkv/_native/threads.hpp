@@ -28,8 +28,8 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   TaskFn fn_ = nullptr;
   void* ctx_ = nullptr;
-  int active_ = 0;        // workers taking part in this run (ids 1..active_)
-  int pending_ = 0;       // workers of this run not finished yet
+  int active_ = 0;   // workers taking part in this run (ids 1..active_)
+  int pending_ = 0;  // workers of this run not finished yet
   unsigned long generation_ = 0;
   bool stop_ = false;
 };
