@@ -25,6 +25,7 @@ def test_the_kinds_and_their_parameter_table():
         "longformer",
         "bigbird",
         "dilated",
+        "chunked",
     )
     assert set(MASK_PARAMS) == set(MASK_KINDS)
     assert build_mask("none", 4, 4) is None
@@ -64,11 +65,24 @@ def test_the_kinds_and_their_parameter_table():
         ),
         ("dilated", {}, masks.dilated(2, 2)),
         ("dilated", {"window": 3, "dilation": 1, "causal": True}, masks.dilated(3, 1) & masks.causal()),
+        ("chunked", {}, masks.chunked(4)),
+        ("chunked", {"size": 3, "offset": 0}, masks.chunked(3, offset=0)),
     ],
 )
 def test_each_kind_equals_the_masks_built_directly(kind, params, expected):
     for nq in (8, 5):
         np.testing.assert_array_equal(dense(build_mask(kind, nq, 8, **params), nq, 8), dense(expected, nq, 8))
+
+
+def test_chunked_cells_by_hand():
+    # query i at position i + offset sees keys j <= position within the position's chunk of `size`
+    a = dense(build_mask("chunked", 6, 6, size=3), 6, 6)
+    expected = np.array([[j <= i and j // 3 == i // 3 for j in range(6)] for i in range(6)])
+    np.testing.assert_array_equal(a, expected)
+    b = dense(build_mask("chunked", 2, 6, size="2", offset="none"), 2, 6)  # text form; bottom-right
+    np.testing.assert_array_equal(b, [[0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 1, 1]])
+    with pytest.raises(ArgumentError, match="'chunked' parameter 'size' must be >= 1"):
+        build_mask("chunked", 4, 4, size=0)
 
 
 def test_document_cells_by_hand():

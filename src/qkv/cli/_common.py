@@ -26,6 +26,7 @@ from typer.core import TyperGroup
 
 from .. import _io
 from ..errors import ArgumentError, QKVError
+from ..masks.spec import MASK_KINDS
 
 FILE = ".npy, .npz[:key], .json[:key] or .csv"
 """The array files every command reads (``qkv._io``)."""
@@ -118,8 +119,7 @@ MaskSpec = Annotated[
     typer.Option(
         "--mask",
         metavar="SPEC",
-        help="kind[:key=value,...], e.g. sliding_window:window=4,causal=false; kinds: "
-        "none, causal, sliding_window, document, padding, prefix_lm, longformer, bigbird, dilated",
+        help=f"kind[:key=value,...], e.g. sliding_window:window=4,causal=false; kinds: {', '.join(MASK_KINDS)}",
     ),
 ]
 

@@ -20,7 +20,7 @@ from .._checks import check_int
 from ..errors import ArgumentError, MaskError
 from ._data import document, global_tokens, random_blocks
 from ._mask import Mask
-from ._positions import causal, dilated, prefix_lm, sliding_window
+from ._positions import causal, chunked, dilated, prefix_lm, sliding_window
 from ._sequences import padding
 
 MASK_KINDS: tuple[str, ...] = (
@@ -33,6 +33,7 @@ MASK_KINDS: tuple[str, ...] = (
     "longformer",
     "bigbird",
     "dilated",
+    "chunked",
 )
 
 
@@ -80,6 +81,10 @@ MASK_PARAMS: dict[str, dict[str, Param]] = {
         "window": Param("int", 2, "attended keys on each side (>= 1)"),
         "dilation": Param("int", 2, "gap between attended keys (>= 1)"),
         "causal": _CAUSAL_OFF,
+    },
+    "chunked": {
+        "size": Param("int", 4, "positions per chunk: causal attention inside each chunk only (>= 1)"),
+        "offset": Param("int?", None, "query i sits at position i + offset; none: Nk - Nq (bottom-right)"),
     },
 }
 assert set(MASK_PARAMS) == set(MASK_KINDS)
@@ -180,7 +185,8 @@ def build_mask(kind: str, n_q: int, n_k: int, **params: Any) -> Mask | None:
     is allowed. Kinds: ``causal`` (offset), ``sliding_window`` (window, causal), ``document``
     (doc_lengths or n_docs, causal), ``padding`` (kv_length, q_length), ``prefix_lm`` (prefix),
     ``longformer`` = sliding window | global tokens (arXiv:2004.05150), ``bigbird`` = sliding
-    window | global tokens | random blocks (arXiv:2007.14062), ``dilated`` (window, dilation).
+    window | global tokens | random blocks (arXiv:2007.14062), ``dilated`` (window, dilation),
+    ``chunked`` (size, offset: Llama 4's chunked attention).
     """
     kind = _kind(kind)
     for name, n in (("n_q", n_q), ("n_k", n_k)):
@@ -223,6 +229,8 @@ def _build(kind: str, n_q: int, n_k: int, p: dict[str, Any]) -> Mask | None:
                 _check_range(kind, "block", p["block"], 1), _check_range(kind, "per_row", p["per_row"], 0), p["seed"]
             )
         return m & causal() if p["causal"] else m
+    if kind == "chunked":
+        return chunked(_check_range(kind, "size", p["size"], 1), offset=p["offset"])
     # dilated
     m = dilated(_check_range(kind, "window", p["window"], 1), _check_range(kind, "dilation", p["dilation"], 1))
     return m & causal() if p["causal"] else m
