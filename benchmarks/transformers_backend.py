@@ -1,9 +1,13 @@
 """qkv as a transformers attention backend against sdpa, eager and compiled flex_attention, on CPU.
 
 Two tiny configs built in code (nothing downloaded): Mistral-style (sliding window 256) and
-Llama-style (full causal), GQA 8 query heads over 2 kv heads, head dim 64, 2 layers. Workloads:
-prefill of one sequence (4096, 8192 tokens: the forward of the whole model, ``use_cache=False``)
-and decode (32 greedy tokens after a 2048-token prompt: per-token time of the decode steps).
+Llama-style (full causal), GQA 8 query heads over 2 kv heads, head dim 64, 2 layers (``--layers``).
+Workloads: prefill of one sequence (4096, 8192 tokens: the forward of the whole model,
+``use_cache=False``), decode (32 greedy tokens after a 2048-token prompt: per-token time of the
+decode steps) and, with ``--train N``, one training step (forward, language-model loss, backward)
+at N tokens. ``--targets`` runs the end-to-end targets of issue 22 and nothing else: 4 layers,
+qkv against sdpa, a training step at 2048 (Llama-style), a sliding-window prefill at 4096
+(Mistral-style) and 32 greedy tokens after a 1024-token prompt (Llama-style).
 
 Backends run in interleaved rounds (A B C D, A B C D, ...) so drift and contention hit each
 alike; the report gives each backend's median and spread (min-max over rounds) and the ratio of
@@ -12,6 +16,7 @@ its first call (the compile) is reported separately and excluded. Peak extra mem
 prefill is measured in a fresh subprocess per backend (``qkv.bench._memory.peak_of``).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/transformers_backend.py --rounds 5
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/transformers_backend.py --targets --threads 2 --rounds 7
 """
 
 import argparse
@@ -29,14 +34,14 @@ BACKENDS = ("qkv", "sdpa", "flex_attention", "eager")
 MODELS = ("mistral", "llama")
 
 
-def config(name: str):
+def config(name: str, layers: int = 2):
     from transformers import LlamaConfig, MistralConfig
 
     common = dict(
         vocab_size=1000,
         hidden_size=512,
         intermediate_size=1024,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=8,
         num_key_value_heads=2,
         max_position_embeddings=16384,
@@ -47,7 +52,7 @@ def config(name: str):
     return MistralConfig(**common, sliding_window=256) if name == "mistral" else LlamaConfig(**common)
 
 
-def build(name: str, attn: str):
+def build(name: str, attn: str, layers: int = 2):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -55,7 +60,7 @@ def build(name: str, attn: str):
 
     qt.register()
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(copy.deepcopy(config(name)), attn_implementation=attn).eval()
+    return AutoModelForCausalLM.from_config(copy.deepcopy(config(name, layers)), attn_implementation=attn).eval()
 
 
 def prefill(model, n: int):
@@ -66,6 +71,21 @@ def prefill(model, n: int):
     def run():
         with torch.no_grad():
             return [model(ids, use_cache=False).logits]
+
+    return run
+
+
+def train_step(model, n: int):
+    """One training step's forward and backward (the LM loss on random tokens; no optimizer)."""
+    import torch
+
+    ids = torch.randint(2, 1000, (1, n), generator=torch.Generator().manual_seed(0))
+
+    def run():
+        model.train()
+        model.zero_grad(set_to_none=True)
+        model(ids, labels=ids, use_cache=False).loss.backward()
+        model.eval()
 
     return run
 
@@ -92,14 +112,14 @@ def _memory_child(spec: str) -> None:
     import torch
 
     torch.set_num_threads(1)
-    model = build(s["model"], s["attn"])
+    model = build(s["model"], s["attn"], s["layers"])
     prefill(model, 256)()  # warm up: libraries, thread pools, compile
     print(json.dumps(peak_of(prefill(model, s["n"]))))
 
 
-def memory(model: str, attn: str, n: int) -> float:
+def memory(model: str, attn: str, n: int, layers: int) -> float:
     """Peak extra MiB of one prefill, in a fresh subprocess."""
-    spec = json.dumps({"model": model, "attn": attn, "n": n})
+    spec = json.dumps({"model": model, "attn": attn, "n": n, "layers": layers})
     res = subprocess.run(
         [sys.executable, __file__, "--memory-child", spec], capture_output=True, text=True, check=True, timeout=1800
     )
@@ -116,6 +136,10 @@ def main() -> None:
     p.add_argument("--eager-max", type=int, default=4096, help="skip eager above this length (N x N scores)")
     p.add_argument("--decode-prompt", type=int, default=2048)
     p.add_argument("--decode-tokens", type=int, default=32)
+    p.add_argument("--train", nargs="*", type=int, default=[], help="training-step lengths (forward + backward)")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (qkv follows it)")
+    p.add_argument("--targets", action="store_true", help="only issue 22's end-to-end targets (see above)")
     p.add_argument("--memory", action="store_true", help="also measure peak memory of one prefill")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -124,21 +148,28 @@ def main() -> None:
         return
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     print(f"# torch {torch.__version__}, threads {torch.get_num_threads()}, loadavg {open('/proc/loadavg').read()}")
-    for name in a.models:
-        models = {attn: build(name, attn) for attn in a.backends}
+    if a.targets:
+        a.layers, a.backends, a.rounds = 4, ["qkv", "sdpa"], max(a.rounds, 5)
+        plan = {"llama": ([], [2048], True), "mistral": ([4096], [], False)}
+        a.decode_prompt, a.decode_tokens = 1024, 32
+    else:
+        plan = {name: (a.prefill, a.train, True) for name in a.models}
+    for name, (prefills, trains, with_decode) in plan.items():
+        models = {attn: build(name, attn, a.layers) for attn in a.backends}
         if "flex_attention" in models:
             t0 = time.perf_counter()
             prefill(models["flex_attention"], 512)()
             print(f"{name}: flex_attention first call (compile) {time.perf_counter() - t0:.1f} s")
-        work = [(f"prefill {n}", n) for n in a.prefill] + [("decode", None)]
-        for label, n in work:
+        work = [(f"prefill {n}", n, prefill) for n in prefills] + [(f"train {n}", n, train_step) for n in trains]
+        work += [("decode", None, None)] if with_decode else []
+        for label, n, make in work:
             runs = {}
             for attn, m in models.items():
                 if n is not None and attn == "eager" and n > a.eager_max:
                     continue
-                f = prefill(m, n) if n is not None else decode(m, a.decode_prompt, a.decode_tokens)
+                f = make(m, n) if make is not None else decode(m, a.decode_prompt, a.decode_tokens)
                 t0 = time.perf_counter()
                 try:
                     f()  # warm-up (and flex's recompile for this shape)
@@ -166,9 +197,9 @@ def main() -> None:
                 line = f"{name} {label} {attn}: median {med * scale:.3f} {unit} "
                 line += f"(min {min(ts) * scale:.3f}, max {max(ts) * scale:.3f}) {ratio}"
                 print(line, flush=True)
-            if a.memory and n is not None:
+            if a.memory and make is prefill:
                 for attn in runs:
-                    print(f"{name} {label} {attn}: peak extra {memory(name, attn, n):.0f} MiB", flush=True)
+                    print(f"{name} {label} {attn}: peak extra {memory(name, attn, n, a.layers):.0f} MiB", flush=True)
     print(f"# loadavg after {open('/proc/loadavg').read()}")
 
 
