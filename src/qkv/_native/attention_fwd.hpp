@@ -24,6 +24,9 @@ inline namespace QKV_NS {
 struct Arena {
   char* base = nullptr;
   size_t per_thread = 0;
+  Arena() = default;
+  Arena(const Arena&) = delete;  // owns base: a copy would free it twice
+  Arena& operator=(const Arena&) = delete;
   ~Arena() { std::free(base); }
   bool alloc(int threads, size_t bytes) {
     per_thread = round_up(int64_t(bytes), 64);

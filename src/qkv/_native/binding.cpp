@@ -170,13 +170,13 @@ void check_qkv(Params& P, const In& q, const In& k, const In& v) {
   if (!float_dtype(k.dtype(), dk_) || dk_ != P.dtype || !float_dtype(v.dtype(), dv_) || dv_ != P.dtype)
     type_error(std::string("q, k, v must have one dtype, got ") + dtype_name(q.dtype()) + ", " + dtype_name(k.dtype()) +
                ", " + dtype_name(v.dtype()));
-  P.B = q.shape(0);
-  P.H = q.shape(1);
-  P.Nq = q.shape(2);
-  P.Dk = q.shape(3);
-  P.Hkv = k.shape(1);
-  P.Nk = k.shape(2);
-  P.Dv = v.shape(3);
+  P.B = int64_t(q.shape(0));
+  P.H = int64_t(q.shape(1));
+  P.Nq = int64_t(q.shape(2));
+  P.Dk = int64_t(q.shape(3));
+  P.Hkv = int64_t(k.shape(1));
+  P.Nk = int64_t(k.shape(2));
+  P.Dv = int64_t(v.shape(3));
   if (P.Nq < 1 || P.Dk < 1) value_error("q: Nq and Dk must be >= 1, got shape " + shape_str(q));
   if (P.Nk < 1 || P.Hkv < 1) value_error("k: Hkv and Nk must be >= 1, got shape " + shape_str(k));
   if (P.Dv < 1) value_error("v: Dv must be >= 1, got shape " + shape_str(v));
@@ -194,9 +194,9 @@ void check_qkv(Params& P, const In& q, const In& k, const In& v) {
   P.v = strided4(v);
 }
 
-void check_options(KernelCall& c, double scale, nb::object tile_class, nb::object rows, nb::object bitmap_index,
-                   nb::object bitmaps, nb::object mods, nb::object bias, double dropout_p, uint64_t seed, int threads,
-                   std::vector<In>& keep) {
+void check_options(KernelCall& c, double scale, const nb::object& tile_class, const nb::object& rows,
+                   const nb::object& bitmap_index, const nb::object& bitmaps, const nb::object& mods,
+                   const nb::object& bias, double dropout_p, uint64_t seed, int threads, std::vector<In>& keep) {
   Params& P = c.P;
   if (!std::isfinite(scale)) value_error("scale must be finite, got " + std::to_string(scale));
   P.scale = scale;
@@ -260,7 +260,7 @@ void check_options(KernelCall& c, double scale, nb::object tile_class, nb::objec
     P.words = (P.bk + 63) / 64;
     need_shape(bm, "bitmaps", {int64_t(bm.shape(0)), P.bq, P.words}, "(n, BQ, ceil(BK/64))");
     if (!c_contiguous(bm)) value_error("bitmaps must be C-contiguous");
-    P.n_bitmaps = bm.shape(0);
+    P.n_bitmaps = int64_t(bm.shape(0));
     const int32_t* d = static_cast<const int32_t*>(bi.data());
     for (size_t x = 0; x < bi.size(); ++x)
       if (d[x] < -1 || d[x] >= P.n_bitmaps)
@@ -302,7 +302,7 @@ void check_options(KernelCall& c, double scale, nb::object tile_class, nb::objec
     Mod& m = P.mods[x];
     const std::string where = "mods[" + std::to_string(x) + "] (" + name + ")";
     if (name == "mul" || name == "softcap") {
-      if (nb::len(t) != 2) value_error(where + " must be (\"" + name + "\", c)");
+      if (nb::len(t) != 2) value_error(where + (name == "mul" ? " must be (\"mul\", c)" : " must be (\"softcap\", c)"));
       m.kind = name == "mul" ? MOD_MUL : MOD_SOFTCAP;
       m.c = number(t[1], where + ": c");
       if (!std::isfinite(m.c) || (m.kind == MOD_SOFTCAP && !(m.c > 0)))
@@ -319,10 +319,10 @@ void check_options(KernelCall& c, double scale, nb::object tile_class, nb::objec
       int64_t nb_ = 1, nh = 0, width = 1;
       if (alibi) {
         if (a.ndim() == 1)
-          nh = a.shape(0);
+          nh = int64_t(a.shape(0));
         else if (a.ndim() == 2) {
-          nb_ = a.shape(0);
-          nh = a.shape(1);
+          nb_ = int64_t(a.shape(0));
+          nh = int64_t(a.shape(1));
         } else
           value_error(where + ": slopes must be (Hm,) or (Bm, Hm), got shape " + shape_str(a));
         if (!(nb_ == 1 || nb_ == P.B))
@@ -332,8 +332,8 @@ void check_options(KernelCall& c, double scale, nb::object tile_class, nb::objec
         m.m = nb::cast<int64_t>(t[2]);
         if (m.m < 0) value_error(where + ": M must be >= 0, got " + std::to_string(m.m));
         if (a.ndim() != 2) value_error(where + ": table must be (Hm, 2M+1), got shape " + shape_str(a));
-        nh = a.shape(0);
-        width = a.shape(1);
+        nh = int64_t(a.shape(0));
+        width = int64_t(a.shape(1));
         if (width != 2 * m.m + 1)
           value_error(where + ": table axis 1 must be 2M+1=" + std::to_string(2 * m.m + 1) + ", got shape " +
                       shape_str(a));
@@ -412,8 +412,9 @@ const char* dtype_str(DType d) {
 // Both entries return (rows written NaN for a non-finite input, rows whose finite inputs overflowed).
 using Counts = std::tuple<int64_t, int64_t>;
 
-Counts forward(In q, In k, In v, Out out, Out lse, double scale, nb::object tile_class, nb::object rows,
-               nb::object bitmap_index, nb::object bitmaps, nb::object mods, nb::object bias, double dropout_p,
+Counts forward(const In& q, const In& k, const In& v, const Out& out, const Out& lse, double scale,
+               const nb::object& tile_class, const nb::object& rows, const nb::object& bitmap_index,
+               const nb::object& bitmaps, const nb::object& mods, const nb::object& bias, double dropout_p,
                uint64_t seed, int threads) {
   KernelCall c;
   Params& P = c.P;
@@ -439,9 +440,10 @@ Counts forward(In q, In k, In v, Out out, Out lse, double scale, nb::object tile
   return {counts[0], counts[1]};
 }
 
-Counts backward(In q, In k, In v, In out, In lse, In dout, Out dq, Out dk, Out dv, nb::object dlse, double scale,
-                nb::object tile_class, nb::object rows, nb::object bitmap_index, nb::object bitmaps, nb::object mods,
-                nb::object bias, double dropout_p, uint64_t seed, int threads) {
+Counts backward(const In& q, const In& k, const In& v, const In& out, const In& lse, const In& dout, const Out& dq,
+                const Out& dk, const Out& dv, const nb::object& dlse, double scale, const nb::object& tile_class,
+                const nb::object& rows, const nb::object& bitmap_index, const nb::object& bitmaps,
+                const nb::object& mods, const nb::object& bias, double dropout_p, uint64_t seed, int threads) {
   KernelCall c;
   Params& P = c.P;
   std::vector<In> keep;
@@ -499,7 +501,7 @@ Counts backward(In q, In k, In v, In out, In lse, In dout, Out dq, Out dk, Out d
   return {counts[0], counts[1]};
 }
 
-void philox_keep_into(Out keep, uint64_t seed, int64_t b, int64_t h, int64_t i0, int64_t j0, double p) {
+void philox_keep_into(const Out& keep, uint64_t seed, int64_t b, int64_t h, int64_t i0, int64_t j0, double p) {
   if (keep.ndim() != 2 || !is_dtype(keep.dtype(), nb::dlpack::dtype_code::Bool, 8) || !c_contiguous(keep))
     value_error("keep must be a C-contiguous 2-D bool array");
   if (!(p >= 0.0 && p < 1.0)) value_error("p must be in [0, 1), got " + std::to_string(p));
@@ -508,7 +510,7 @@ void philox_keep_into(Out keep, uint64_t seed, int64_t b, int64_t h, int64_t i0,
     value_error("philox_keep: b, h, i, j out of range");
   const uint32_t thr = dropout_threshold(p);
   uint8_t* d = static_cast<uint8_t*>(keep.data());
-  const int64_t ni = keep.shape(0), nj = keep.shape(1);
+  const int64_t ni = int64_t(keep.shape(0)), nj = int64_t(keep.shape(1));
   for (int64_t r = 0; r < ni; ++r)
     philox_row(seed, uint32_t(b), uint32_t(h), uint32_t(i0 + r), j0, j0 + nj, thr,
                [&](int64_t j, bool k) { d[r * nj + (j - j0)] = k ? 1 : 0; });
@@ -521,7 +523,7 @@ nb::tuple philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_
 
 }  // namespace
 
-NB_MODULE(_ext, m) {
+NB_MODULE(_ext, m) {  // NOLINT(cppcoreguidelines-pro-type-cstyle-cast): nanobind's macro
   m.doc() = "qkv's compiled attention kernel (see qkv._native for the Python API)";
   // The facts Python shares with the kernels, written once here (params.hpp) and read by qkv._native.
   m.attr("EMPTY") = int(EMPTY);

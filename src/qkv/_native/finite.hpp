@@ -165,7 +165,7 @@ static inline bool lane_allows(const Params& P, const LaneGroup& lg, const TileM
   }
   if (P.has_bias) {
     const int64_t off = lg.b * P.bias.s0 + lg.h[l] * P.bias.s1 + lg.i[l] * P.bias.s2 + (j0 + jj) * P.bias.s3;
-    if (load_any(P.bias.data, off, P.bias_dtype) == -INFINITY) return false;
+    if (load_any(P.bias.data, off, P.bias_dtype) == -HUGE_VAL) return false;
   }
   return true;
 }

@@ -105,7 +105,7 @@ static inline void vstore(double* p, VD x) {
   _mm256_storeu_pd(p + 8, x.c);
   _mm256_storeu_pd(p + 12, x.d);
 }
-#define QKV_D4(OP, x, y) {OP(x.a, y.a), OP(x.b, y.b), OP(x.c, y.c), OP(x.d, y.d)}
+#define QKV_D4(OP, x, y) {OP((x).a, (y).a), OP((x).b, (y).b), OP((x).c, (y).c), OP((x).d, (y).d)}
 static inline VD vadd(VD x, VD y) { return QKV_D4(_mm256_add_pd, x, y); }
 static inline VD vsub(VD x, VD y) { return QKV_D4(_mm256_sub_pd, x, y); }
 static inline VD vmul(VD x, VD y) { return QKV_D4(_mm256_mul_pd, x, y); }

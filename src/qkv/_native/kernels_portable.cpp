@@ -55,6 +55,7 @@ inline VD vset1<VD, double>(double x) {
   return r;
 }
 
+// NOLINTBEGIN(bugprone-macro-parentheses): V, M and S are type names (no parentheses there)
 #define QKV_VOPS(V, M, S)                                           \
   static inline V vload(const S* p) {                               \
     V r;                                                            \
@@ -125,6 +126,7 @@ inline VD vset1<VD, double>(double x) {
 QKV_VOPS(VF, MF, float)
 QKV_VOPS(VD, MD, double)
 #undef QKV_VOPS
+// NOLINTEND(bugprone-macro-parentheses)
 #undef QKV_LANES
 
 static inline void cvt_f16_row(const uint16_t* s, float* d, int64_t n);

@@ -50,11 +50,11 @@ struct Mod {
 };
 constexpr int kMaxMods = 8;
 
-typedef void (*TaskFn)(void* ctx, int tid);
+using TaskFn = void (*)(void* ctx, int tid);
 // Runs fn(ctx, tid) for tid in [0, n) on the persistent pool (threads.hpp) and returns when all
 // are done. The kernels get it as a function pointer so the ISA translation units need no
 // std::thread / std::function (their inline code could otherwise be merged across ISAs).
-typedef void (*ParallelFn)(int n, TaskFn fn, void* ctx);
+using ParallelFn = void (*)(int n, TaskFn fn, void* ctx);
 
 struct Params {
   DType dtype = DType::f32;

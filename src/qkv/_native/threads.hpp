@@ -18,6 +18,9 @@ class ThreadPool {
   static ThreadPool& instance();
   // fn(ctx, tid) for tid in [0, n): tid 0 on the calling thread, 1..n-1 on workers.
   void run(int n, TaskFn fn, void* ctx);
+  ThreadPool() = default;
+  ThreadPool(const ThreadPool&) = delete;  // owns threads: one pool, never copied
+  ThreadPool& operator=(const ThreadPool&) = delete;
   ~ThreadPool();
 
  private:
