@@ -95,7 +95,7 @@ def _need() -> Any:
 
 
 def isa() -> str:
-    """The instruction-set path in use: "avx512", "avx2" or "portable"."""
+    """The instruction-set path in use: "avx512", "avx2", "neon" (arm64) or "portable"."""
     return str(_need().isa())
 
 

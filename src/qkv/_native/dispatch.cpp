@@ -19,6 +19,9 @@ extern const KernelTable kTableAvx2;
 #ifdef QKV_HAVE_AVX512
 extern const KernelTable kTableAvx512;
 #endif
+#ifdef QKV_HAVE_NEON
+extern const KernelTable kTableNeon;
+#endif
 
 // ------------------------------------------------------------------ thread pool
 
@@ -107,6 +110,9 @@ static bool cpu_has(const char* isa) {
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c") &&
            __builtin_cpu_supports("fma");
 #endif
+#if defined(__aarch64__)
+  if (!std::strcmp(isa, "neon")) return true;  // Advanced SIMD is part of every AArch64 CPU
+#endif
   return !std::strcmp(isa, "portable");
 }
 
@@ -117,6 +123,9 @@ std::vector<const KernelTable*> runnable() {
 #endif
 #ifdef QKV_HAVE_AVX2
   if (cpu_has("avx2")) r.push_back(&kTableAvx2);
+#endif
+#ifdef QKV_HAVE_NEON
+  if (cpu_has("neon")) r.push_back(&kTableNeon);
 #endif
   r.push_back(&kTablePortable);
   return r;
