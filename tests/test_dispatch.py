@@ -118,11 +118,12 @@ def test_explain_reports_the_dispatch():
 
 @pytest.mark.skipif(not qkv._native.available(), reason="compiled engine unavailable")
 def test_auto_leaves_the_portable_path_the_calls_sdpa_can_run():
-    """The portable ISA path (arm64, x86 without AVX2) runs dense work at ~0.11x SDPA: under it,
-    rule C gives the calls SDPA can run to rules 1-6; calls SDPA cannot run (NumPy, score mods)
-    stay with the compiled engine. The SIMD paths keep rule C."""
+    """The portable ISA path (x86 without AVX2, other CPUs) runs dense work at ~0.11x SDPA: under
+    it, rule C gives the calls SDPA can run to rules 1-6; calls SDPA cannot run (NumPy, score mods)
+    stay with the compiled engine. The paths in FASTER_THAN_SDPA keep rule C."""
     torch = pytest.importorskip("torch")
     from qkv import _native, scores
+    from qkv._impls._plan import FASTER_THAN_SDPA
 
     q = k = v = torch.randn(1, 4, 512, 64)
     with _native.use_isa("portable"):
@@ -133,6 +134,24 @@ def test_auto_leaves_the_portable_path_the_calls_sdpa_can_run():
         assert qkv.dispatch(qn, qn, qn).engine == "native"
         torch.testing.assert_close(qkv.attention(q, k, v), torch.nn.functional.scaled_dot_product_attention(q, k, v))
     for path in _native.isas():
-        if path != "portable":
-            with _native.use_isa(path):
-                assert qkv.dispatch(q, k, v).engine == "native", path
+        with _native.use_isa(path):
+            assert (qkv.dispatch(q, k, v).engine == "native") == (path in FASTER_THAN_SDPA), path
+
+
+@pytest.mark.skipif(not qkv._native.available(), reason="compiled engine unavailable")
+def test_auto_treats_an_unmeasured_path_like_portable(monkeypatch):
+    """NEON (arm64) is checked under emulation only (scripts/test-aarch64), its speed against SDPA
+    unmeasured: a path outside FASTER_THAN_SDPA (neon, or any path added later) leaves SDPA the
+    calls it can run, and keeps those SDPA cannot."""
+    torch = pytest.importorskip("torch")
+    from qkv import _native, scores
+    from qkv._impls._plan import FASTER_THAN_SDPA
+
+    assert "neon" not in FASTER_THAN_SDPA and "portable" not in FASTER_THAN_SDPA
+    q = k = v = torch.randn(1, 4, 512, 64)
+    monkeypatch.setattr(_native, "isa", lambda: "neon")  # what an arm64 build reports
+    d = qkv.dispatch(q, k, v, causal=True)
+    assert d.impl == "torch" and "rule C" not in d.reason, d
+    assert qkv.dispatch(q, k, v, score_mod=scores.softcap(5.0)).engine == "native"
+    qn = np.zeros((4, 512, 64), np.float32)
+    assert qkv.dispatch(qn, qn, qn).engine == "native"

@@ -13,8 +13,8 @@ reports it (``Dispatch``) without running anything.
        from the smallest calls up: a (1, 8, 128, 64) causal call takes 0.11 ms against SDPA's
        0.25 ms on Zen 5; it skips the tiles a mask hides, returns lse, takes score mods,
        grouped heads and the non-finite contract without a pass of its own), unless its ISA
-       path is the portable one (no SIMD: ~0.11x SDPA on dense work) and SDPA can run the
-       call: then rules 1-6                                                   -> "flash"
+       path is not one measured faster than SDPA on dense work (FASTER_THAN_SDPA; the portable
+       path runs at ~0.11x) and SDPA can run the call: then rules 1-6         -> "flash"
     1. torch tensors, fewer than SMALL score entries per head (Nq · Nk), SDPA supports
        the call                                                                -> "torch"
     2. fewer than SMALL score entries, where tiling only adds overhead         -> "reference"
@@ -47,11 +47,14 @@ from . import flash, torch_sdpa
 from ._call import Call
 
 SMALL = 256 * 256
-PORTABLE = "portable"
-"""The compiled engine's ISA path without SIMD (arm64, x86 without AVX2): ~0.11x SDPA on dense
-work (BENCHMARKS.md), so rule C leaves it the calls SDPA can run."""
 """Below this many score entries per head the reference impl beats the array engine's tiles
 (BENCHMARKS.md); only where the compiled engine cannot run the call."""
+
+FASTER_THAN_SDPA = frozenset({"avx2", "avx512"})
+"""The compiled engine's ISA paths measured faster than SDPA on dense work (BENCHMARKS.md, "ISA
+paths against SDPA"; Zen 5: AVX-512 1.98x dense, AVX2 1.18x). Under any other path rule C leaves
+SDPA the calls it can run: "portable" (x86 without AVX2, other CPUs) measured 0.11x; "neon"
+(arm64) is checked under emulation only and stays out until measured on arm64 hardware."""
 
 JAX_FLASH_BYTES = 32 * 2**20
 """From this many bytes of scores (B·H·Nq·Nk in the compute dtype) the array engine beats the
@@ -180,7 +183,7 @@ def _auto(c: Call, native_ok: bool) -> tuple[str, str]:
     """``(impl name, reason)``: the fastest exact impl for ``c`` (the module's decision table)."""
     d = c.dims
     flash_why = flash.supports(c)
-    if flash_why is None and native_ok and (native.isa() != PORTABLE or torch_sdpa.supports(c) is not None):
+    if flash_why is None and native_ok and (native.isa() in FASTER_THAN_SDPA or torch_sdpa.supports(c) is not None):
         return "flash", "the compiled flash engine runs this call: fused tiles, hidden tiles skipped (rule C)"
     if is_jax(c.q):
         return _auto_jax(c, flash_why)
