@@ -50,11 +50,12 @@ SMALL = 256 * 256
 """Below this many score entries per head the reference impl beats the array engine's tiles
 (BENCHMARKS.md); only where the compiled engine cannot run the call."""
 
-FASTER_THAN_SDPA = frozenset({"avx2", "avx512"})
+FASTER_THAN_SDPA = frozenset({"avx2", "avx512", "avx512bf16"})
 """The compiled engine's ISA paths measured faster than SDPA on dense work (BENCHMARKS.md, "ISA
-paths against SDPA"; Zen 5: AVX-512 1.98x dense, AVX2 1.18x). Under any other path rule C leaves
-SDPA the calls it can run: "portable" (x86 without AVX2, other CPUs) measured 0.11x; "neon"
-(arm64) is checked under emulation only and stays out until measured on arm64 hardware."""
+paths against SDPA"; Zen 5: AVX-512 1.98x dense, AVX2 1.18x; "avx512bf16" is the AVX-512 path
+plus vdpbf16ps for bfloat16, the same float32 code). Under any other path rule C leaves SDPA the
+calls it can run: "portable" (x86 without AVX2, other CPUs) measured 0.11x; "neon" (arm64) is
+checked under emulation only and stays out until measured on arm64 hardware."""
 
 JAX_FLASH_BYTES = 32 * 2**20
 """From this many bytes of scores (B·H·Nq·Nk in the compute dtype) the array engine beats the
