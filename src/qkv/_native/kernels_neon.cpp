@@ -23,9 +23,10 @@ struct VD {
 struct MD {
   uint64x2_t v[8];
 };
-// AArch64 has 32 q registers: 6 rows x 4 = 24 float accumulators, 4 for the B row, the broadcast
-// A element folds into fmla's by-element form; 2 rows x 8 = 16 for double.
-constexpr int NR_F = 6;
+// AArch64 has 32 q registers. fmla's by-element form takes each A element from a register of
+// its own, so a row costs 4 accumulators + 1: 5 rows x 5 + 4 for the B row = 29 (6 rows spilled 3
+// accumulators to the stack in gcc 12's code); double: 2 rows x (8 + 1) + 8 = 26.
+constexpr int NR_F = 5;
 constexpr int NR_D = 2;
 
 template <class V>
