@@ -44,7 +44,7 @@ inline VF vset1<VF, float>(float x) {
   return {v, v, v, v};
 }
 
-#define QKV_F4(OP, x, y) {OP(x.a, y.a), OP(x.b, y.b), OP(x.c, y.c), OP(x.d, y.d)}
+#define QKV_F4(OP, x, y) {OP((x).a, (y).a), OP((x).b, (y).b), OP((x).c, (y).c), OP((x).d, (y).d)}
 static inline VF vload(const float* p) { return {vld1q_f32(p), vld1q_f32(p + 4), vld1q_f32(p + 8), vld1q_f32(p + 12)}; }
 static inline void vstore(float* p, VF x) {
   vst1q_f32(p, x.a);
