@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import dtype_name, is_traced, to_numpy
+from ._backend import dtype_name, is_jax, is_traced, to_numpy
 from ._typing import Array
 from .errors import ArgumentError
 
@@ -30,6 +30,9 @@ def bad_rows(xp: Any, x: Array) -> Array | None:
         return None
     if isinstance(x, np.ndarray) and x.size and not any(x.strides):  # a broadcast scalar: one look
         return None if np.isfinite(x.flat[0]) else ~np.zeros(x.shape[:-1], dtype=bool)
+    if is_jax(x):  # concrete, maybe a constant inside a traced program: look in NumPy (jnp would trace)
+        found = ~np.all(np.isfinite(to_numpy(x)), axis=-1)
+        return xp.asarray(found) if found.any() else None
     bad = ~xp.all(xp.isfinite(x), axis=-1)
     return bad if bool(xp.any(bad)) else None
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _native as native
-from .._backend import dtype_name, is_jax, is_torch, namespace, unbroadcast
+from .._backend import dtype_name, is_jax, is_torch, is_traced, namespace, unbroadcast
 from .._finite import overflow_error
 from .._heads import cast
 from .._typing import Array, Result
@@ -144,7 +144,11 @@ def _check(c: Call, overflowed: int) -> None:
 
 
 def forward(c: Call, p: "Plan") -> Result:
-    """``Result(out, None, lse)`` from the compiled kernel."""
+    """``Result(out, None, lse)`` from the compiled kernel (through XLA's FFI for traced JAX arrays)."""
+    if is_jax(c.q) and any(is_traced(x) for x in (c.q, c.k, c.v)):
+        from . import _jax_ffi
+
+        return _jax_ffi.forward(c, p)
     d = c.dims
     q, k, v, kw = _args(c, p)
     b, h = q.shape[0], q.shape[1]

@@ -131,12 +131,16 @@ def native_reason(c: Call) -> str | None:
     if c.tiles is not None:
         return "tiles were forced (the compiled engine has its own)"
     if _traced(c):
-        return "JAX traced arrays stay on the array engine, which jax.grad and jax.jit differentiate"
+        from . import _jax_ffi
+
+        why = _jax_ffi.reason(c)
+        if why is not None:
+            return why
     if is_torch(c.q) and c.q.device.type != "cpu":
         return f"the compiled kernel runs on the CPU, the tensors are on {c.q.device}"
     if dtype_name(c.q) not in NATIVE_DTYPES:
         return f"the compiled kernel takes {', '.join(NATIVE_DTYPES)}, not {dtype_name(c.q)}"
-    if is_jax(c.q) and dtype_name(c.q) == "bfloat16":
+    if is_jax(c.q) and dtype_name(c.q) == "bfloat16" and not _traced(c):
         return "JAX bfloat16 arrays stay on the array engine"
     if c.want_weights:
         return "the weights are rebuilt tile by tile by the array engine"
@@ -185,6 +189,11 @@ def _auto(c: Call, native_ok: bool) -> tuple[str, str]:
     d = c.dims
     flash_why = flash.supports(c)
     if flash_why is None and native_ok and (native.isa() in FASTER_THAN_SDPA or torch_sdpa.supports(c) is not None):
+        if _traced(c):
+            return "flash", (
+                "the compiled flash engine runs this call inside the traced JAX program (XLA's FFI custom call, "
+                "its backward for jax.grad): fused tiles, hidden tiles skipped (rule C)"
+            )
         return "flash", "the compiled flash engine runs this call: fused tiles, hidden tiles skipped (rule C)"
     if is_jax(c.q):
         return _auto_jax(c, flash_why)

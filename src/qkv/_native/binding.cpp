@@ -14,6 +14,9 @@
 #include <vector>
 
 #include "dispatch.hpp"
+#ifdef QKV_HAVE_XLA_FFI
+#include "ffi.hpp"
+#endif
 #include "params.hpp"
 #include "philox.hpp"
 
@@ -570,4 +573,10 @@ NB_MODULE(_ext, m) {  // NOLINT(cppcoreguidelines-pro-type-cstyle-cast): nanobin
     return t->microbench(kind, reps);
   });
   m.def("philox4x32", &philox4x32);
+  // jax.ffi's handlers (ffi.cpp), as the capsules jax.ffi.register_ffi_target takes; absent when the
+  // build found no jaxlib FFI header
+#ifdef QKV_HAVE_XLA_FFI
+  m.def("ffi_handlers",
+        [] { return nb::make_tuple(nb::capsule(ffi_forward_handler()), nb::capsule(ffi_backward_handler())); });
+#endif
 }

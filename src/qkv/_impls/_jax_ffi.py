@@ -1,0 +1,190 @@
+"""The compiled kernel inside traced JAX programs (``jax.jit``, ``jax.grad``, ``jax.vmap``): XLA's FFI.
+
+A traced array has no values for the kernel to read, so the call becomes a custom call in the
+program XLA compiles (``jax.ffi.ffi_call``; the handlers are ``_native/ffi.cpp``), wired to the
+kernel's backward with ``jax.custom_vjp``: ``jax.grad`` runs FlashAttention-2's Algorithm 2
+(arXiv:2307.08691) in C++, and the ``Nq x Nk`` scores exist in neither direction. Everything
+static is decided at trace time from shapes: the mask's plan (row intervals, or tile classes
+and bitmaps: ``masks.plan``) and the score mods' tables become constants of the program, the
+scale, dropout and mods its attributes. ``jax.vmap`` hands the handlers every operand with the
+mapped axes in front (``vmap_method="broadcast_all"``); they fold them into the kernel's batch.
+
+    q (B, H, Nq, Dk), k (B, Hkv, Nk, Dk), v (B, Hkv, Nk, Dv)
+    -> out (B, H, Nq, Dv) in q's dtype, lse (B, H, Nq) float32 (float64 for float64)
+
+Inside a compiled program nothing can raise once it runs: a row that attends a non-finite
+input, or whose finite inputs overflow, comes back NaN (the eager call raises the overflow's
+``ArgumentError`` instead; docs/arrays.md).
+"""
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import _native as native
+from .._backend import is_traced
+from .._typing import Array, Result
+from ..scores import kernel_ops
+from ._call import Call
+
+FORWARD, BACKWARD = "qkv_attention_forward", "qkv_attention_backward"
+# params.hpp's ModKind, by the names ScoreMod.native gives the kernel's ops
+_MOD_KINDS = {"mul": 0, "softcap": 1, "alibi": 2, "relbias": 3}
+_MASK_NONE, _MASK_ROWS, _MASK_TILES = 0, 1, 2
+
+
+def reason(c: Call) -> str | None:
+    """Why a traced JAX call cannot run on the compiled kernel (None: it can). Structure only."""
+    if getattr(native._need(), "ffi_handlers", None) is None:
+        return (
+            "qkv's compiled kernel was built without jaxlib's FFI header, so traced JAX arrays stay on "
+            "the array engine (reinstall with QKV_JAX_FFI=1 and jaxlib present)"
+        )
+    if c.bias is not None and is_traced(c.bias):
+        return "a traced bias needs its gradient, which the array engine gives"
+    if c.score_mod is not None and any(is_traced(t) for t in c.score_mod.tensors):
+        return "a traced score-mod table needs its gradient, which the array engine gives"
+    if c.mask is not None and _traced_recipe(c.mask.recipe):
+        return "a mask built from traced arrays has no values to plan with at trace time"
+    if c.dropout > 0 and is_traced(c.rng):
+        return "a traced dropout seed: the kernel takes the seed as a number of the program"
+    return None
+
+
+def _traced_recipe(r: Any) -> bool:
+    if isinstance(r, (tuple, list)):
+        return any(_traced_recipe(x) for x in r)
+    if isinstance(r, dict):
+        return any(_traced_recipe(x) for x in r.values())
+    return is_traced(r)
+
+
+@functools.cache
+def _register() -> None:
+    import jax
+
+    fwd, bwd = native._need().ffi_handlers()
+    jax.ffi.register_ffi_target(FORWARD, fwd, platform="cpu")
+    jax.ffi.register_ffi_target(BACKWARD, bwd, platform="cpu")
+
+
+def _flat(x: Array, batch: tuple[int, ...], heads: int, has_heads: bool) -> Array:
+    """``x (*b, h, N, D)`` as ``(B, heads, N, D)``."""
+    import jax.numpy as jnp
+
+    if not has_heads:
+        return x[None, None]
+    x = jnp.reshape(x, (1,) * (len(batch) + 3 - x.ndim) + tuple(x.shape))
+    x = jnp.broadcast_to(x, (*batch, heads, *x.shape[-2:]))
+    return jnp.reshape(x, (math.prod(batch), heads, *x.shape[-2:]))
+
+
+def _batch_full(a: np.ndarray, b: int) -> np.ndarray:
+    """A mask array's axis 0 at the call's full batch: the handlers then fold ``jax.vmap``'s axes
+    into one kernel call (a mask shared by the batch is small: rows or tile tables)."""
+    return np.ascontiguousarray(np.broadcast_to(a, (b, *a.shape[1:]))) if a.shape[0] != b else a
+
+
+def _operands(c: Call, p: Any, b: int) -> tuple[list[Any], dict[str, Any]]:
+    """The constants after q, k, v (mask, bias, mod tables) and the attributes of both calls."""
+    import jax
+
+    d = c.dims
+    ops: list[Any] = []
+    m = p.mask
+    mask = _MASK_NONE
+    if m is not None and not m.hides_nothing:
+        if m.rows is not None:
+            mask = _MASK_ROWS
+            ops.append(_batch_full(m.rows, b))
+        else:
+            mask = _MASK_TILES
+            ops += [_batch_full(m.classes, b), _batch_full(m.bitmap_index, b), np.ascontiguousarray(m.bitmaps)]
+    if c.bias is not None:
+        ops.append(_bias(c))
+    kinds, consts, radii = [], [], []
+    lead = d.score_shape[:-2] if d.has_heads else ()
+    table_dtype = np.float64 if jax.config.jax_enable_x64 else np.float32
+    for op in kernel_ops(c.score_mod.native, lead) if c.score_mod is not None else ():
+        kinds.append(_MOD_KINDS[op[0]])
+        consts.append(float(op[1]) if op[0] in ("mul", "softcap") else 0.0)
+        radii.append(int(op[2]) if op[0] == "relbias" else 0)
+        if op[0] in ("alibi", "relbias"):
+            ops.append(np.ascontiguousarray(np.asarray(op[1], dtype=table_dtype)))
+    seed = int(c.rng) if c.dropout > 0 else 0
+    attrs = dict(
+        scale=np.float64(c.scale),
+        dropout_p=np.float64(c.dropout),
+        seed=np.int64(seed - 2**64 if seed >= 2**63 else seed),
+        threads=np.int64(p.threads),
+        mask=np.int64(mask),
+        has_bias=np.int64(c.bias is not None),
+        n_mods=np.int64(len(kinds)),
+        # arrays of at least one element: the attribute needs a shape
+        mod_kinds=np.asarray(kinds or [0], np.int64),
+        mod_c=np.asarray(consts or [0.0], np.float64),
+        mod_m=np.asarray(radii or [0], np.int64),
+    )
+    return ops, attrs
+
+
+def _bias(c: Call) -> np.ndarray:
+    """The bias as ``(B|1, H|1, Nq|1, Nk)``, broadcast only where the batch axes must merge."""
+    d = c.dims
+    x = np.asarray(c.bias)
+    if not d.has_heads:
+        return np.ascontiguousarray(x.reshape((1,) * (4 - x.ndim) + x.shape))
+    x = x.reshape((1,) * (len(d.score_shape) - x.ndim) + x.shape)
+    batch = x.shape[:-3]
+    if math.prod(batch) != 1:
+        x = np.broadcast_to(x, (*d.batch, *x.shape[-3:]))
+    return np.ascontiguousarray(x.reshape(math.prod(x.shape[:-3]), *x.shape[-3:]))
+
+
+def forward(c: Call, p: Any) -> Result:
+    """``Result(out, None, lse)`` of a traced call, differentiable by ``jax.grad`` (custom VJP)."""
+    import jax
+    import jax.numpy as jnp
+
+    _register()
+    d = c.dims
+    q = _flat(c.q, d.batch, d.h, d.has_heads)
+    k = _flat(c.k, d.batch, d.hkv, d.has_heads)
+    v = _flat(c.v, d.batch, d.hkv, d.has_heads)
+    consts, attrs = _operands(c, p, q.shape[0])
+    acc = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
+
+    def fwd_call(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+        shapes = (
+            jax.ShapeDtypeStruct((*q.shape[:-1], v.shape[-1]), q.dtype),
+            jax.ShapeDtypeStruct(q.shape[:-1], acc),
+        )
+        return jax.ffi.ffi_call(FORWARD, shapes, vmap_method="broadcast_all")(q, k, v, *consts, **attrs)
+
+    def bwd_call(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, dlse: Any) -> tuple[Any, Any, Any]:
+        shapes = tuple(jax.ShapeDtypeStruct(x.shape, acc) for x in (q, k, v))
+        call = jax.ffi.ffi_call(BACKWARD, shapes, vmap_method="broadcast_all")
+        return call(q, k, v, out, lse, dout.astype(q.dtype), dlse.astype(acc), *consts, **attrs, has_dlse=np.int64(1))
+
+    @jax.custom_vjp
+    def attention(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+        return fwd_call(q, k, v)
+
+    def attention_fwd(q: Any, k: Any, v: Any) -> tuple[tuple[Any, Any], tuple[Any, ...]]:
+        out, lse = fwd_call(q, k, v)
+        return (out, lse), (q, k, v, out, lse)
+
+    def attention_bwd(res: tuple[Any, ...], g: tuple[Any, Any]) -> tuple[Any, Any, Any]:
+        q, k, v, out, lse = res
+        dq, dk, dv = bwd_call(q, k, v, out, lse, *g)
+        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+    attention.defvjp(attention_fwd, attention_bwd)
+    out, lse = attention(q, k, v)
+    lead = d.score_shape[:-2]
+    out = jnp.reshape(out, (*lead, d.nq, d.dv))
+    lse = jnp.reshape(lse, (*lead, d.nq))
+    # q, k, v were broadcast to (B, H, ...) by jnp operations: jax.grad sums their cotangents back
+    return Result(out, None, lse)

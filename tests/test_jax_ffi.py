@@ -1,0 +1,242 @@
+"""Traced JAX (``jax.jit``, ``jax.grad``, ``jax.vmap``) on the compiled kernel through XLA's FFI.
+
+The program XLA compiles must hold qkv's two custom calls and no ``Nq x Nk`` buffer; its
+forward and gradients must match an independent float64 reference: the loop oracle
+(``tests/oracle.py``) for the forward, and for gradients ``jax.grad`` of a dense softmax written
+here with plain ``jax.numpy`` (checked against the oracle in the same test). Every mask kind
+(row intervals, tile classes with bitmaps), score mods, GQA, odd sizes across the kernel's
+64 x 128 tiles, the four dtypes, dropout, the non-finite rules, and vmap's two paths in the
+handler (the mapped axes merged into the batch, or walked one index at a time).
+"""
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+
+import oracle as O  # noqa: E402
+import qkv  # noqa: E402
+from helpers import MASK_CASES, SCORE_CASES  # noqa: E402
+from qkv import _native, masks, scores  # noqa: E402
+from qkv.errors import ArgumentError  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not (_native.available() and hasattr(_native._need(), "ffi_handlers")),
+    reason="the compiled kernel was built without jaxlib's FFI header",
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def x64():
+    before = jax.config.read("jax_enable_x64")
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", before)
+
+
+def dense(q, k, v, allowed=None, bias=None, score_fn=None, scale=None):
+    """softmax(score_fn(q k^T scale) + bias, masked) v in plain jax.numpy (GQA by repetition):
+    differentiable, independent of qkv. Rows with nothing allowed give zeros."""
+    h, hkv = q.shape[-3], k.shape[-3]
+    k = jnp.repeat(k, h // hkv, axis=-3)
+    v = jnp.repeat(v, h // hkv, axis=-3)
+    s = jnp.einsum("...id,...jd->...ij", q, k) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    nq, nk = s.shape[-2:]
+    if score_fn is not None:
+        s = score_fn(s, np.arange(h)[:, None, None], np.arange(nq)[:, None], np.arange(nk), nq, nk, xp=jnp)
+    if bias is not None:
+        s = s + bias
+    keep = jnp.ones(s.shape, bool) if allowed is None else jnp.broadcast_to(jnp.asarray(allowed), s.shape)
+    s = jnp.where(keep, s, -jnp.inf)
+    m = jnp.max(jnp.where(keep, s, -1e300), axis=-1, keepdims=True)
+    e = jnp.where(keep, jnp.exp(s - m), 0.0)
+    z = jnp.sum(e, axis=-1, keepdims=True)
+    return jnp.einsum("...ij,...jd->...id", e / jnp.where(z > 0, z, 1.0), v)
+
+
+def qkv_inputs(seed, b=2, h=4, hkv=2, nq=70, nk=130, dk=24, dv=20, dtype=np.float64):
+    r = np.random.default_rng(seed)
+    return tuple(jnp.asarray(r.standard_normal(s), dtype) for s in ((b, h, nq, dk), (b, hkv, nk, dk), (b, hkv, nk, dv)))
+
+
+def check_fwd_and_grad(q, k, v, kw, allowed=None, bias=None, score_fn=None, scale=None, tol=1e-10):
+    """jit forward vs the loop oracle and the dense reference; jit(grad) vs the reference's grad."""
+    w = jnp.asarray(np.random.default_rng(1).standard_normal((*q.shape[:-1], v.shape[-1])))
+    out = jax.jit(lambda q, k, v: qkv.attention(q, k, v, **kw))(q, k, v)
+    want = dense(q, k, v, allowed, bias, score_fn, scale)
+    oracle = O.attention_oracle(q, k, v, allowed=allowed, bias=bias, scale=scale, score_fn=score_fn)[0]
+    np.testing.assert_allclose(np.asarray(want), oracle, rtol=1e-12, atol=1e-12)  # the reference is right
+    np.testing.assert_allclose(np.asarray(out), oracle, rtol=tol, atol=tol)
+    grads = jax.jit(jax.grad(lambda q, k, v: jnp.sum(qkv.attention(q, k, v, **kw) * w), argnums=(0, 1, 2)))(q, k, v)
+    wants = jax.grad(lambda q, k, v: jnp.sum(dense(q, k, v, allowed, bias, score_fn, scale) * w), argnums=(0, 1, 2))(
+        q, k, v
+    )
+    for g, x, name in zip(grads, wants, "qkv", strict=True):
+        assert g.dtype == q.dtype, name
+        np.testing.assert_allclose(np.asarray(g), np.asarray(x), rtol=tol, atol=tol, err_msg=f"d{name}")
+
+
+def test_jit_grad_runs_the_compiled_kernel_without_a_score_matrix():
+    n, h = 2048, 2
+    q, k, v = qkv_inputs(0, b=1, h=h, hkv=h, nq=n, nk=n, dk=16, dv=16, dtype=np.float32)
+
+    def loss(q, k, v):
+        return jnp.sum(qkv.attention(q, k, v, causal=True) ** 2)
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    text = grad.lower(q, k, v).as_text()
+    assert "qkv_attention_forward" in text and "qkv_attention_backward" in text
+    ours = grad.lower(q, k, v).compile().memory_analysis().temp_size_in_bytes
+    scores_bytes = h * n * n * 4
+
+    def xla_loss(q, k, v):  # XLA's own attention materialises the scores: the measure can fail
+        t = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731
+        return jnp.sum(jax.nn.dot_product_attention(t(q), t(k), t(v), is_causal=True) ** 2)
+
+    theirs = jax.jit(jax.grad(xla_loss, argnums=(0, 1, 2))).lower(q, k, v).compile().memory_analysis()
+    assert theirs.temp_size_in_bytes >= scores_bytes
+    assert ours < scores_bytes / 8, (ours, scores_bytes)
+    seen = []
+
+    def traced(q, k, v):
+        seen.append(qkv.dispatch(q, k, v, causal=True))
+        return loss(q, k, v)
+
+    jax.jit(jax.grad(traced))(q, k, v)
+    assert seen[0].impl == "flash" and seen[0].engine == "native" and "XLA's FFI" in seen[0].reason
+
+
+@pytest.mark.parametrize("case", [c.param() for c in MASK_CASES])
+def test_every_mask_case_matches_the_oracle(case):
+    q, k, v = qkv_inputs(2, b=2, h=2, hkv=1, nq=case.nq, nk=case.nk, dk=5, dv=3)
+    check_fwd_and_grad(q, k, v, {"mask": case.build(masks)}, allowed=case.oracle(case.nq, case.nk, masks))
+
+
+def _tile_masks():
+    r = np.random.default_rng(3)
+    dense_bits = r.random((70, 130)) < 0.6
+    return [
+        ("causal", masks.causal(), O.causal_allowed(70, 130)),
+        ("causal-offset0", masks.causal(offset=0), O.causal_allowed(70, 130, 0)),
+        ("window-33", masks.sliding_window(33), O.sliding_window_allowed(70, 130, 33)),
+        ("padding-per-batch", masks.padding([100, 130]), O.padding_allowed(70, 130, [100, 130])),
+        ("from-dense-bitmaps", masks.from_dense(dense_bits), dense_bits),
+        ("chunked-48", masks.chunked(48), _chunked(70, 130, 48)),
+    ]
+
+
+def _chunked(nq, nk, size):
+    p = np.arange(nq)[:, None] + (nk - nq)
+    j = np.arange(nk)
+    return (j <= p) & (j // size == p // size)
+
+
+@pytest.mark.parametrize(("name", "mask", "allowed"), _tile_masks(), ids=[m[0] for m in _tile_masks()])
+def test_masks_across_tile_edges_with_grouped_heads(name, mask, allowed):
+    q, k, v = qkv_inputs(4)
+    check_fwd_and_grad(q, k, v, {"mask": mask}, allowed=allowed)
+
+
+@pytest.mark.parametrize("case", [c.param() for c in SCORE_CASES])
+def test_score_mods_match_the_oracle(case):
+    q, k, v = qkv_inputs(5, b=2, h=case.h, hkv=case.hkv, nq=19, nk=37, dk=8, dv=6)
+    kw = {"score_mod": case.build(scores), "causal": True}
+    if case.scale is not None:
+        kw["scale"] = case.scale
+    check_fwd_and_grad(
+        q, k, v, kw, allowed=O.causal_allowed(19, 37), score_fn=case.oracle(), scale=case.scale, tol=1e-9
+    )
+
+
+def test_a_constant_bias_and_lse_through_sinks():
+    q, k, v = qkv_inputs(6, b=2, h=4, hkv=4, nq=33, nk=65, dk=8, dv=8)
+    bias = jnp.asarray(np.random.default_rng(7).standard_normal((1, 4, 33, 65)))  # a constant of the program
+    check_fwd_and_grad(q, k, v, {"bias": bias}, bias=bias)
+    # sinks read lse: its cotangent reaches the kernel's backward (dlse)
+    sinks = jnp.asarray([0.5, -1.0, 0.0, 2.0])
+
+    def f(q, k, v):
+        return jnp.sum(qkv.attention(q, k, v, causal=True, sinks=sinks) ** 2)
+
+    def ref(q, k, v):
+        return jnp.sum(qkv.attention(q, k, v, causal=True, sinks=sinks, impl="reference") ** 2)
+
+    for a, b in zip(jax.jit(jax.grad(f, (0, 1, 2)))(q, k, v), jax.grad(ref, (0, 1, 2))(q, k, v), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(jnp.float32, 2e-5), (jnp.bfloat16, 3e-2), (jnp.float16, 4e-3)])
+def test_low_precision_dtypes(dtype, tol):
+    q, k, v = (x.astype(dtype) for x in qkv_inputs(8))
+    q64, k64, v64 = (x.astype(jnp.float64) for x in (q, k, v))
+    out = jax.jit(lambda q, k, v: qkv.attention(q, k, v, causal=True))(q, k, v)
+    assert out.dtype == dtype
+    want = O.attention_oracle(q64, k64, v64, allowed=O.causal_allowed(70, 130))[0]
+    np.testing.assert_allclose(np.asarray(out.astype(jnp.float64)), want, rtol=tol, atol=tol)
+    g = jax.jit(jax.grad(lambda q: jnp.sum(qkv.attention(q, k, v, causal=True).astype(jnp.float32))))(q)
+    gw = jax.grad(lambda q: jnp.sum(dense(q, k64, v64, O.causal_allowed(70, 130))))(q64)
+    assert g.dtype == dtype
+    np.testing.assert_allclose(np.asarray(g.astype(jnp.float64)), np.asarray(gw), rtol=10 * tol, atol=10 * tol)
+
+
+def test_vmap_merges_into_the_batch_or_walks_each_index():
+    q, k, v = qkv_inputs(9, b=2, h=4, hkv=2, nq=21, nk=45, dk=8, dv=8)
+    qs, ks, vs = (jnp.stack([x, 2 * x, -x]) for x in (q, k, v))
+    for kw in ({"causal": True}, {"mask": masks.padding([30, 45])}, {"dropout": 0.3, "rng": 5}):
+        f = lambda q, k, v, kw=kw: qkv.attention(q, k, v, **kw)  # noqa: E731
+        mapped = jax.jit(jax.vmap(f))(qs, ks, vs)
+        for i in range(3):  # each index as if called alone (dropout: the same masks at every index)
+            np.testing.assert_allclose(np.asarray(mapped[i]), np.asarray(jax.jit(f)(qs[i], ks[i], vs[i])), rtol=1e-12)
+        loss = lambda q, k, v, f=f: jnp.sum(jnp.sin(f(q, k, v)))  # noqa: E731
+        g1 = jax.jit(jax.vmap(jax.grad(loss, (0, 1, 2))))(qs, ks, vs)
+        g2 = jax.jit(jax.grad(lambda q, k, v, loss=loss: jnp.sum(jax.vmap(loss)(q, k, v)), (0, 1, 2)))(qs, ks, vs)
+        for i in range(3):
+            gi = jax.grad(loss, (0, 1, 2))(qs[i], ks[i], vs[i])
+            for a, b, c in zip(g1, g2, gi, strict=True):
+                np.testing.assert_allclose(np.asarray(a[i]), np.asarray(c), rtol=1e-10, atol=1e-12)
+                np.testing.assert_allclose(np.asarray(b[i]), np.asarray(c), rtol=1e-10, atol=1e-12)
+
+
+def test_value_and_grad_and_dropout_match_the_eager_kernel():
+    q, k, v = qkv_inputs(10, dtype=np.float32)
+    kw = {"causal": True, "dropout": 0.25, "rng": 1234}
+    out = jax.jit(lambda q, k, v: qkv.attention(q, k, v, **kw))(q, k, v)
+    eager = qkv.attention(q, k, v, **kw, impl="flash")  # concrete arrays: the kernel through NumPy views
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(eager))
+    val, g = jax.jit(jax.value_and_grad(lambda q: jnp.sum(qkv.attention(q, k, v, **kw))))(q)
+    assert np.isclose(float(val), float(jnp.sum(eager)), rtol=1e-5)
+    assert np.isfinite(np.asarray(g)).all() and float(jnp.abs(g).max()) > 0
+
+
+def test_non_finite_rows_come_back_nan_inside_jit():
+    q, k, v = (np.asarray(x) for x in qkv_inputs(11, dtype=np.float32))
+    k = k.copy()
+    k[0, 1, 100] = np.nan  # read by every query row of heads 2, 3 of batch 0 that may see key 100
+    f = jax.jit(lambda q, k, v: qkv.attention(q, k, v, causal=True))
+    out = np.asarray(f(*(jnp.asarray(x) for x in (q, k, v))))
+    eager = np.asarray(qkv.attention(*(jnp.asarray(x) for x in (q, k, v)), causal=True, impl="flash"))
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(eager))
+    assert np.isnan(out[0, 2:, 40:]).all() and not np.isnan(out[0, 2:, :40]).any()
+    assert not np.isnan(out[1]).any()
+    # an overflow raises on eager arrays; inside a compiled program the rows come back NaN (docs/arrays.md)
+    big = jnp.asarray(q * 1e20)
+    with pytest.raises(ArgumentError, match="overflow"):
+        qkv.attention(big, jnp.asarray(k * 1e20), jnp.asarray(v), impl="flash")
+    over = np.asarray(jax.jit(lambda q, k: qkv.attention(q, k, jnp.asarray(v)))(big, jnp.asarray(k * 1e20)))
+    assert np.isnan(over).any()
+
+
+def test_what_stays_on_the_array_engine_says_why():
+    q, k, v = qkv_inputs(12, b=1, h=2, hkv=2, nq=9, nk=9, dk=4, dv=4)
+    bias = jnp.asarray(np.random.default_rng(0).standard_normal((2, 9, 9)))
+    seen = []
+
+    def f(b):
+        seen.append(qkv.dispatch(q, k, v, bias=b, impl="flash").reason)
+        return jnp.sum(qkv.attention(q, k, v, bias=b) ** 2)
+
+    g = jax.jit(jax.grad(f))(bias)
+    assert "traced bias" in seen[0]
+    want = jax.grad(lambda b: jnp.sum(dense(q, k, v, bias=b) ** 2))(bias)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(want), rtol=1e-10, atol=1e-12)
