@@ -293,20 +293,29 @@ ffi::Error extras(const ffi::RemainingArgs& args, size_t first, const Attrs& a, 
     if (!b.has_value()) return b.error();
     return view(*b, core, lead, name, v);
   };
-  ffi::Error e = ffi::Error::Success();
-  if (a.mask == MASK_ROWS && !(e = next(4, "rows", x.rows)).success()) return e;
-  if (a.mask == MASK_TILES) {
-    if (!(e = next(4, "tile_class", x.tile_class)).success()) return e;
-    if (!(e = next(4, "bitmap_index", x.bitmap_index)).success()) return e;
-    if (!(e = next(3, "bitmaps", x.bitmaps)).success()) return e;
+  struct Want {
+    bool on;
+    size_t core;
+    const char* name;
+    View* v;
+  };
+  const Want wants[] = {{a.mask == MASK_ROWS, 4, "rows", &x.rows},
+                        {a.mask == MASK_TILES, 4, "tile_class", &x.tile_class},
+                        {a.mask == MASK_TILES, 4, "bitmap_index", &x.bitmap_index},
+                        {a.mask == MASK_TILES, 3, "bitmaps", &x.bitmaps},
+                        {a.has_bias != 0, 4, "bias", &x.bias}};
+  for (const Want& w : wants) {
+    if (!w.on) continue;
+    const ffi::Error e = next(w.core, w.name, *w.v);
+    if (!e.success()) return e;
   }
-  if (a.has_bias && !(e = next(4, "bias", x.bias)).success()) return e;
   while (i < args.size()) {
     auto b = args.get<ffi::AnyBuffer>(i++);
     if (!b.has_value()) return b.error();
     View t;
     const size_t core = b->dimensions().size() - lead.dims.size();
-    if (!(e = view(*b, core, lead, "score mod table", t)).success()) return e;
+    const ffi::Error e = view(*b, core, lead, "score mod table", t);
+    if (!e.success()) return e;
     x.tables.push_back(t);
   }
   return ffi::Error::Success();
@@ -381,16 +390,20 @@ ffi::Error forward_impl(ffi::RemainingArgs args, ffi::RemainingRets rets, double
   static const char* const names[] = {"q", "k", "v"};
   static const size_t cores[] = {4, 4, 4};
   std::vector<View> in;
-  if (!(e = buffers(args, 3, lead, in, names, cores)).success()) return e;
+  e = buffers(args, 3, lead, in, names, cores);
+  if (!e.success()) return e;
   Extras x;
-  if (!(e = extras(args, 3, a, lead, x)).success()) return e;
+  e = extras(args, 3, a, lead, x);
+  if (!e.success()) return e;
   if (rets.size() != 2) return ffi::Error::InvalidArgument("expected 2 results (out, lse)");
   auto ro = rets.get<ffi::AnyBuffer>(0), rl = rets.get<ffi::AnyBuffer>(1);
   if (!ro.has_value()) return ro.error();
   if (!rl.has_value()) return rl.error();
   View out, lse;
-  if (!(e = out_view(*ro, 4, lead, "out", out)).success()) return e;
-  if (!(e = out_view(*rl, 3, lead, "lse", lse)).success()) return e;
+  e = out_view(*ro, 4, lead, "out", out);
+  if (!e.success()) return e;
+  e = out_view(*rl, 3, lead, "lse", lse);
+  if (!e.success()) return e;
   const int64_t B = in[0].dim(0);
   const bool merge =
       mergeable(lead, B, x, a, {&in[0], &in[1], &in[2], &x.rows, &x.tile_class, &x.bitmap_index, &x.bias});
@@ -402,7 +415,8 @@ ffi::Error forward_impl(ffi::RemainingArgs args, ffi::RemainingRets rets, double
     for (const View& t : x.tables) xs.tables.push_back(sl(t, false));
     Params P;
     std::vector<std::vector<double>> tables;
-    if (!(e = fill(P, sl(in[0], true), sl(in[1], true), sl(in[2], true), xs, a, tables)).success()) return e;
+    e = fill(P, sl(in[0], true), sl(in[1], true), sl(in[2], true), xs, a, tables);
+    if (!e.success()) return e;
     const View o = sl(out, true), l = sl(lse, true);
     const DType acc = P.dtype == DType::f64 ? DType::f64 : DType::f32;
     DType ot, lt;
@@ -433,16 +447,19 @@ ffi::Error backward_impl(ffi::RemainingArgs args, ffi::RemainingRets rets, doubl
   static const size_t cores[] = {4, 4, 4, 4, 3, 4, 3};
   const size_t n = has_dlse ? 7 : 6;
   std::vector<View> in;
-  if (!(e = buffers(args, n, lead, in, names, cores)).success()) return e;
+  e = buffers(args, n, lead, in, names, cores);
+  if (!e.success()) return e;
   Extras x;
-  if (!(e = extras(args, n, a, lead, x)).success()) return e;
+  e = extras(args, n, a, lead, x);
+  if (!e.success()) return e;
   if (rets.size() != 3) return ffi::Error::InvalidArgument("expected 3 results (dq, dk, dv)");
   View g[3];
   static const char* const gnames[] = {"dq", "dk", "dv"};
   for (int i = 0; i < 3; ++i) {
     auto r = rets.get<ffi::AnyBuffer>(size_t(i));
     if (!r.has_value()) return r.error();
-    if (!(e = out_view(*r, 4, lead, gnames[i], g[i])).success()) return e;
+    e = out_view(*r, 4, lead, gnames[i], g[i]);
+    if (!e.success()) return e;
   }
   const int64_t B = in[0].dim(0);
   std::vector<const View*> batched{&in[0], &in[1],  &in[2],        &in[3],          &in[4],
@@ -457,7 +474,8 @@ ffi::Error backward_impl(ffi::RemainingArgs args, ffi::RemainingRets rets, doubl
     for (const View& t : x.tables) xs.tables.push_back(sl(t, false));
     Params P;
     std::vector<std::vector<double>> tables;
-    if (!(e = fill(P, sl(in[0], true), sl(in[1], true), sl(in[2], true), xs, a, tables)).success()) return e;
+    e = fill(P, sl(in[0], true), sl(in[1], true), sl(in[2], true), xs, a, tables);
+    if (!e.success()) return e;
     const DType acc = P.dtype == DType::f64 ? DType::f64 : DType::f32;
     const View o = sl(in[3], true), l = sl(in[4], true), d = sl(in[5], true);
     DType t1, t2, t3;
