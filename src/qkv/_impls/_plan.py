@@ -25,7 +25,8 @@ reports it (``Dispatch``) without running anything.
     5. SDPA supports the call (dense work, explicit mask)                      -> "torch"
     6. otherwise                                                               -> "reference"
 
-    J. JAX arrays (instead of 1-6, after C): none traced by ``jax.grad`` / ``jax.jit``
+    J. JAX arrays the compiled engine cannot take (instead of 1-6, after C; traced ones it takes
+       through XLA's FFI, ``_jax_ffi``): none traced by ``jax.grad`` / ``jax.jit``
        (differentiating the array engine's tile loop op by op ran 1.4x slower than the
        reference's gradient at N = 2048 causal, and saves every tile anyway), the flash kernel
        supports the call and the score matrix holds at least JAX_FLASH_BYTES  -> "flash"
