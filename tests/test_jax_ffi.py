@@ -242,3 +242,58 @@ def test_what_stays_on_the_array_engine_says_why():
     assert "traced bias" in seen[0]
     want = jax.grad(lambda b: jnp.sum(dense(q, k, v, bias=b) ** 2))(bias)
     np.testing.assert_allclose(np.asarray(g), np.asarray(want), rtol=1e-10, atol=1e-12)
+
+
+_N = 24
+_R = np.random.default_rng(13)
+_ALLOWED = _R.random((_N, _N)) < 0.7
+_BIAS = _R.standard_normal((1, 4, _N, _N))
+_TABLE = _R.standard_normal((4, 7))
+TORCH_OP_CASES = {  # tests/test_compile.py's cases for torch.ops.qkv.attention, on traced JAX arrays
+    "dense": lambda: {},
+    "causal": lambda: {"causal": True},
+    "window": lambda: {"mask": masks.sliding_window(5)},
+    "window-two-sided": lambda: {"mask": masks.sliding_window(5, causal=False)},
+    "padding": lambda: {"mask": masks.padding(np.array([20, 13]), causal=True)},
+    "padding-left": lambda: {"mask": masks.padding(np.array([24, 17]), left=True)},
+    "packed": lambda: {"mask": masks.packed(np.array([0, 10, 24]), causal=True)},
+    "document": lambda: {"mask": masks.document(np.array([0] * 9 + [1] * 15)) & masks.causal()},
+    "prefix-lm": lambda: {"mask": masks.prefix_lm(6)},
+    "longformer": lambda: {"mask": masks.sliding_window(4, causal=False) | masks.global_tokens([0, 3])},
+    "dilated": lambda: {"mask": masks.dilated(3, 2)},
+    "chunked": lambda: {"mask": masks.chunked(5)},
+    "bool-array": lambda: {"mask": jnp.asarray(_ALLOWED)},
+    "float-bias": lambda: {"mask": masks.causal(), "bias": jnp.asarray(_BIAS)},
+    "softcap": lambda: {"causal": True, "score_mod": scores.softcap(2.0)},
+    "alibi": lambda: {"causal": True, "score_mod": scores.alibi()},
+    "relative-temperature": lambda: {"score_mod": scores.relative_bias(_TABLE, 3) + scores.temperature(0.5)},
+    "sinks": lambda: {"causal": True, "sinks": jnp.asarray([0.5, -1.0, 0.0, 2.0])},
+}
+
+
+@pytest.mark.parametrize("name", list(TORCH_OP_CASES))
+def test_the_torch_operators_cases_run_the_kernel_and_match_the_reference(name):
+    q, k, v = qkv_inputs(14, b=2, h=4, hkv=2, nq=_N, nk=_N, dk=8, dv=8)
+    w = jnp.asarray(np.random.default_rng(15).standard_normal((2, 4, _N, 8)))
+
+    kw = TORCH_OP_CASES[name]()  # built outside the trace: constants of the program
+
+    def loss(q, k, v, impl="auto"):
+        return jnp.sum(qkv.attention(q, k, v, impl=impl, **kw) * w)
+
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+    assert "qkv_attention_backward" in step.lower(q, k, v).as_text()
+    val, grads = step(q, k, v)
+    want_val, want = jax.value_and_grad(lambda q, k, v: loss(q, k, v, "reference"), argnums=(0, 1, 2))(q, k, v)
+    np.testing.assert_allclose(float(val), float(want_val), rtol=1e-11)
+    for g, x in zip(grads, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(x), rtol=1e-9, atol=1e-11)
+
+
+def test_a_boolean_mask_passed_into_jit_hides_its_keys():
+    # a jit argument is traced: no values to plan with, so it hides as a bias of 0 / -inf would
+    q, k, v = qkv_inputs(16, b=1, h=2, hkv=2, nq=9, nk=11, dk=4, dv=4)
+    allowed = np.random.default_rng(17).random((9, 11)) < 0.5
+    allowed[3] = False  # a row that sees nothing: zeros, as everywhere
+    out = jax.jit(lambda q, k, v, m: qkv.attention(q, k, v, mask=m))(q, k, v, jnp.asarray(allowed))
+    np.testing.assert_allclose(np.asarray(out), O.attention_oracle(q, k, v, allowed=allowed)[0], rtol=1e-12, atol=1e-12)

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import masks
-from .._backend import as_array, is_bool, is_floating, namespace
+from .._backend import as_array, is_bool, is_floating, is_traced, namespace
 from .._checks import (
     check_choice,
     check_covers,
@@ -65,7 +65,14 @@ def split_mask(mask: Any, causal: bool) -> tuple[Mask | None, Array | None]:
         m = mask
     elif hasattr(mask, "dtype") and hasattr(mask, "shape"):
         mask = as_2d(mask)
-        if is_bool(mask):
+        if is_bool(mask) and is_traced(mask):
+            # a traced boolean array has no values to build a Mask from (jax.jit argument): the same
+            # hiding as a bias of 0 / -inf, which the array engine takes (and a row hiding every key
+            # still gives zeros: no finite score)
+            import jax.numpy as jnp
+
+            m, bias = None, jnp.where(mask, 0.0, -jnp.inf)
+        elif is_bool(mask):
             m = masks.from_dense(mask)
         elif is_floating(mask):
             m, bias = None, mask
