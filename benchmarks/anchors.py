@@ -9,7 +9,8 @@ has the lines); a peer whose package is absent is a row that says so. Workloads 
 
     W1  dense forward, H=8, N=4096, D=64            W4  decode: 1 query, 32/8 heads, D=128, 32k keys
     W2  causal forward, same                        W4 bf16  the same in bfloat16
-    W3  sliding window 256, causal, N=8192          W5  GQA prefill, causal, 32/8 heads, D=128, N=2048
+    W3  sliding window 256, causal, N=8192          W4mha  decode, 8/8 heads, D=64, 32k keys
+                                                    W5  GQA prefill, causal, 32/8 heads, D=128, N=2048
 
 Method: each peer runs in its own process (its thread pool, its crashes and its memory stay
 there) with 2 threads set explicitly, against PyTorch SDPA in the same loop: rounds of SDPA, peer
@@ -55,6 +56,7 @@ def workloads():
         "W3": Workload("W3 window 256 N=8192", 8, 8, 8192, 8192, 64, causal=True, window=256),
         "W4": Workload("W4 decode 32/8 D=128 32k", 32, 8, 1, 32768, 128),
         "W4bf16": Workload("W4 decode bf16", 32, 8, 1, 32768, 128, dtype=torch.bfloat16),
+        "W4mha": Workload("W4 decode MHA 8/8 D=64 32k", 8, 8, 1, 32768, 64),  # the other decode floor
         "W5": Workload("W5 GQA prefill causal", 32, 8, 2048, 2048, 128, causal=True),
     }
 
@@ -329,7 +331,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="3 rounds instead of 9 (a look, not a result)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds per peer (default 9)")
     ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated, from: " + ", ".join(PEERS))
-    ap.add_argument("--workloads", default="W1,W2,W3,W4,W4bf16,W5")
+    ap.add_argument(
+        "--workloads", default=",".join(workloads()), help="comma-separated, from: " + ", ".join(workloads())
+    )
     ap.add_argument("--label", default=None, help='e.g. "loaded machine": printed with the table')
     ap.add_argument("--json", default=None, help="also write the rows and header here")
     ap.add_argument("--markdown", default=None, help="also write the table here")
