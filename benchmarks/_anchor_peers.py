@@ -473,7 +473,7 @@ def floor(w: Workload, q, k, v) -> Prepared:
 # --- llama.cpp's ggml: flash_attn_ext through ctypes ---------------------------------------------
 
 GGML_F32, GGML_F16, GGML_BF16 = 0, 1, 30  # enum ggml_type (ggml.h)
-GGML_PREC_F32 = 10  # enum ggml_prec: GGML_PREC_DEFAULT = 0, GGML_PREC_F32 = 10 (ggml.h)
+GGML_PREC_F32 = 10  # enum ggml_prec (ggml.h)
 
 
 class _InitParams(ctypes.Structure):  # struct ggml_init_params (ggml.h)
@@ -483,7 +483,7 @@ class _InitParams(ctypes.Structure):  # struct ggml_init_params (ggml.h)
 def _ggml_libs():
     spec = importlib.util.find_spec("llama_cpp")
     assert spec is not None and spec.submodule_search_locations
-    libdir = os.path.join(spec.submodule_search_locations[0], "lib")
+    libdir = os.environ.get("ANCHORS_GGML_LIB") or os.path.join(spec.submodule_search_locations[0], "lib")
     base = ctypes.CDLL(os.path.join(libdir, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
     cpu = ctypes.CDLL(os.path.join(libdir, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
     p, i64, c = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -492,7 +492,7 @@ def _ggml_libs():
         "ggml_free": (None, [p]),
         "ggml_new_tensor_4d": (p, [p, c, i64, i64, i64, i64]),
         "ggml_flash_attn_ext": (p, [p, p, p, p, p, ctypes.c_float, ctypes.c_float, ctypes.c_float]),
-        "ggml_flash_attn_ext_set_prec": (None, [p, c]),
+        "ggml_prec_set_acc": (ctypes.c_bool, [p, c]),
         "ggml_new_graph": (p, [p]),
         "ggml_build_forward_expand": (None, [p, p]),
         "ggml_get_data": (p, [p]),
@@ -510,17 +510,17 @@ def ggml(w: Workload, q, k, v) -> Prepared:
     """``ggml_flash_attn_ext`` from llama.cpp's ggml (the ``libggml`` shared libraries inside a
     ``llama-cpp-python`` built from source with ``GGML_NATIVE``), through ctypes: tensors in
     ggml's order ``[D, N, heads]`` (GQA broadcast over heads), K/V in the workload's dtype, a
-    float16 additive mask ``[Nk, Nq padded to 64]`` for causal and window (ggml's rule: llama.cpp
-    pads it to ``GGML_KQ_MASK_PAD``), ``GGML_PREC_F32``; the graph built once and computed with 2
-    threads per call. Its output is ``[D, H, Nq]``."""
+    float16 additive mask ``[Nk, Nq]`` for causal and window, float32 accumulation
+    (``ggml_prec_set_acc``); the graph built once and computed with 2 threads per call. Its output
+    is ``[D, H, Nq]`` (``ggml.h``). ``ANCHORS_GGML_LIB`` may name another directory of the
+    libraries."""
     import numpy as np
 
     base, cpu = _ggml_libs()
     kv_type = GGML_BF16 if w.dtype == torch.bfloat16 else GGML_F32
     masked = w.causal or w.window is not None
-    pad = -(-w.nq // 64) * 64
     elt = 2 if w.dtype == torch.bfloat16 else 4
-    need = (w.nq * w.h * w.d * 4) * 2 + 2 * w.nk * w.hkv * w.d * elt + (pad * w.nk * 2 if masked else 0)
+    need = (w.nq * w.h * w.d * 4) * 2 + 2 * w.nk * w.hkv * w.d * elt + (w.nq * w.nk * 2 if masked else 0)
     ctx = base.ggml_init(_InitParams(need + (64 << 20), None, False))
     if not ctx:
         raise Unsupported("ggml_init failed")
@@ -539,12 +539,13 @@ def ggml(w: Workload, q, k, v) -> Prepared:
     fill(tv, v)
     tm = None
     if masked:
-        tm = base.ggml_new_tensor_4d(ctx, GGML_F16, w.nk, pad, 1, 1)
-        bias = np.full((pad, w.nk), -np.inf, np.float16)
-        bias[: w.nq][dense_mask(w).numpy()] = 0
+        tm = base.ggml_new_tensor_4d(ctx, GGML_F16, w.nk, w.nq, 1, 1)
+        bias = np.full((w.nq, w.nk), -np.inf, np.float16)
+        bias[dense_mask(w).numpy()] = 0
         ctypes.memmove(base.ggml_get_data(tm), bias.ctypes.data, bias.nbytes)
     out = base.ggml_flash_attn_ext(ctx, tq, tk, tv, tm, scale_of(w), 0.0, 0.0)
-    base.ggml_flash_attn_ext_set_prec(out, GGML_PREC_F32)
+    if not base.ggml_prec_set_acc(out, GGML_PREC_F32):  # accumulate in float32 (ggml.h, TAG_GGML_PREC)
+        raise Unsupported("ggml refused float32 accumulation")
     graph = base.ggml_new_graph(ctx)
     base.ggml_build_forward_expand(graph, out)
 
