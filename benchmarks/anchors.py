@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -249,7 +250,7 @@ def header(argv: list[str]) -> dict[str, Any]:
             versions[dist] = "absent"
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "command": " ".join([sys.executable] + argv),
+        "command": shlex.join([sys.executable] + argv),
         "cpu": info.get("model name", platform.processor()),
         "cpu_family_model": f"family {info.get('cpu family')}, model {info.get('model')}",
         "isa": " ".join(f for f in ISA_FLAGS if f in flags) or "none of " + ", ".join(ISA_FLAGS),
