@@ -29,6 +29,10 @@ class Unsupported(Exception):
     """The peer cannot express this workload (or refuses it); the message says why."""
 
 
+class NotApplicable(Unsupported):
+    """The peer is not meant for this workload (the read floor off decode, Flex off W3): no row."""
+
+
 @dataclass(frozen=True)
 class Workload:
     """One attention call: ``B = 1``; ``window`` is Mistral's (the ``window`` newest keys, itself
@@ -442,7 +446,7 @@ def flex(w: Workload, q, k, v) -> Prepared:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     if w.window is None:
-        raise Unsupported("run on W3 only (issue 22 asks it for the sliding window)")
+        raise NotApplicable("run on W3 only (issue 22 asks it for the sliding window)")
     win, off = w.window, w.nk - w.nq
 
     def band(b, h, qi, kv):
@@ -466,7 +470,7 @@ def floor(w: Workload, q, k, v) -> Prepared:
     2 threads): no attention kernel can beat it; ``of floor`` in the table is its time / the
     kernel's."""
     if not w.decode:
-        raise Unsupported("the read floor is for decode workloads")
+        raise NotApplicable("the read floor is for decode workloads")
     return Prepared(lambda: (torch.sum(k), torch.sum(v)), lambda: None, "torch.sum(K) + torch.sum(V)")
 
 
