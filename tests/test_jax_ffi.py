@@ -166,6 +166,10 @@ def test_a_constant_bias_and_lse_through_sinks():
 
     for a, b in zip(jax.jit(jax.grad(f, (0, 1, 2)))(q, k, v), jax.grad(ref, (0, 1, 2))(q, k, v), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-10)
+    # and the sinks' own gradient (through lse, outside the kernel)
+    ds = jax.jit(jax.grad(lambda s: jnp.sum(qkv.attention(q, k, v, causal=True, sinks=s) ** 2)))(sinks)
+    ds_ref = jax.grad(lambda s: jnp.sum(qkv.attention(q, k, v, causal=True, sinks=s, impl="reference") ** 2))(sinks)
+    np.testing.assert_allclose(np.asarray(ds), np.asarray(ds_ref), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize(("dtype", "tol"), [(jnp.float32, 2e-5), (jnp.bfloat16, 3e-2), (jnp.float16, 4e-3)])
@@ -297,3 +301,23 @@ def test_a_boolean_mask_passed_into_jit_hides_its_keys():
     allowed[3] = False  # a row that sees nothing: zeros, as everywhere
     out = jax.jit(lambda q, k, v, m: qkv.attention(q, k, v, mask=m))(q, k, v, jnp.asarray(allowed))
     np.testing.assert_allclose(np.asarray(out), O.attention_oracle(q, k, v, allowed=allowed)[0], rtol=1e-12, atol=1e-12)
+
+
+def test_attention_backward_inside_jit_runs_the_kernels_backward():
+    q, k, v = qkv_inputs(18, b=2, h=4, hkv=2, nq=40, nk=70, dk=8, dv=6)
+    mask = masks.sliding_window(17)
+
+    def grads(q, k, v):
+        out, lse = qkv.attention(q, k, v, mask=mask, return_lse=True)
+        return qkv.attention_backward(jnp.sin(out), q, k, v, out, lse, mask=mask)
+
+    step = jax.jit(grads)
+    assert "qkv_attention_backward" in step.lower(q, k, v).as_text()
+    allowed = O.sliding_window_allowed(40, 70, 17)
+
+    def loss(q, k, v):  # attention_backward(dout) is the vector-Jacobian product with dout
+        out = dense(q, k, v, allowed)
+        return jnp.sum(out * jax.lax.stop_gradient(jnp.sin(out)))
+
+    for g, want in zip(step(q, k, v), jax.grad(loss, (0, 1, 2))(q, k, v), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(want), rtol=1e-10, atol=1e-12)

@@ -163,6 +163,29 @@ def backward(dout: Array, c: Call, p: "Plan", out: Array, lse: Array, dlse: Arra
     """``(dq, dk, dv)`` from the compiled kernel (FlashAttention-2 Algorithm 2), reduced to the
     shapes of ``q``, ``k``, ``v`` (grouped heads summed by the kernel, broadcast axes here)."""
     d = c.dims
+    if is_jax(c.q) and any(is_traced(x) for x in (c.q, c.k, c.v, dout, out, lse, dlse) if x is not None):
+        from . import _jax_ffi
+
+        dq, dk, dv = _jax_ffi.backward(dout, c, p, out, lse, dlse)
+    else:
+        dq, dk, dv = _backward(dout, c, p, out, lse, dlse)
+    xp = namespace(q=dq)
+    lead = d.score_shape[:-2]
+    kv_lead = (*d.batch, d.hkv) if d.has_heads else ()
+    grads = []
+    for g, x, shape in (
+        (dq, c.q, (*lead, d.nq, d.dk)),
+        (dk, c.k, (*kv_lead, d.nk, d.dk)),
+        (dv, c.v, (*kv_lead, d.nk, d.dv)),
+    ):
+        g = unbroadcast(xp, g.reshape(shape), tuple(x.shape))
+        grads.append(_back(cast(xp, g, _dtype_of(x, xp)), c.q, tuple(x.shape)))
+    return tuple(grads)
+
+
+def _backward(dout: Array, c: Call, p: "Plan", out: Array, lse: Array, dlse: Array | None) -> tuple[Array, ...]:
+    """The kernel's ``(dq, dk, dv)`` as ``(B, H, Nq, Dk)``, ``(B, Hkv, Nk, Dk)``, ``(B, Hkv, Nk, Dv)``."""
+    d = c.dims
     q, k, v, kw = _args(c, p)
     b, h, hkv = q.shape[0], q.shape[1], k.shape[1]
     o, do = (_flat(x, d.batch, d.h, d.has_heads) for x in (out, dout))
@@ -178,18 +201,7 @@ def backward(dout: Array, c: Call, p: "Plan", out: Array, lse: Array, dlse: Arra
         lse4 = np.ascontiguousarray(lse4)
         dl = None if dl is None else np.ascontiguousarray(dl)
     _check(c, native.backward(q, k, v, o, lse4, do, dq, dk, dv, dlse=dl, **kw)[1])
-    xp = namespace(q=dq)
-    lead = d.score_shape[:-2]
-    kv_lead = (*d.batch, d.hkv) if d.has_heads else ()
-    grads = []
-    for g, x, shape in (
-        (dq, c.q, (*lead, d.nq, d.dk)),
-        (dk, c.k, (*kv_lead, d.nk, d.dk)),
-        (dv, c.v, (*kv_lead, d.nk, d.dv)),
-    ):
-        g = unbroadcast(xp, g.reshape(shape), tuple(x.shape))
-        grads.append(_back(cast(xp, g, _dtype_of(x, xp)), c.q, tuple(x.shape)))
-    return tuple(grads)
+    return dq, dk, dv
 
 
 def _dtype_of(x: Array, xp: Any) -> Any:

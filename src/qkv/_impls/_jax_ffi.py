@@ -143,6 +143,32 @@ def _bias(c: Call) -> np.ndarray:
     return np.ascontiguousarray(x.reshape(math.prod(x.shape[:-3]), *x.shape[-3:]))
 
 
+def _forward_call(q: Any, k: Any, v: Any, consts: list[Any], attrs: dict[str, Any]) -> tuple[Any, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    acc = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
+    shapes = (
+        jax.ShapeDtypeStruct((*q.shape[:-1], v.shape[-1]), q.dtype),
+        jax.ShapeDtypeStruct(q.shape[:-1], acc),
+    )
+    return jax.ffi.ffi_call(FORWARD, shapes, vmap_method="broadcast_all")(q, k, v, *consts, **attrs)
+
+
+def _backward_call(
+    q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, dlse: Any, consts: list[Any], attrs: dict[str, Any]
+) -> tuple[Any, Any, Any]:
+    """``(dq, dk, dv)`` in the compute dtype (float32; float64 for float64)."""
+    import jax
+    import jax.numpy as jnp
+
+    acc = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
+    shapes = tuple(jax.ShapeDtypeStruct(x.shape, acc) for x in (q, k, v))
+    call = jax.ffi.ffi_call(BACKWARD, shapes, vmap_method="broadcast_all")
+    args = (q, k, v, out, lse.astype(acc), dout.astype(q.dtype), dlse.astype(acc))
+    return call(*args, *consts, **attrs, has_dlse=np.int64(1))
+
+
 def forward(c: Call, p: Any) -> Result:
     """``Result(out, None, lse)`` of a traced call, differentiable by ``jax.grad`` (custom VJP)."""
     import jax
@@ -154,37 +180,39 @@ def forward(c: Call, p: Any) -> Result:
     k = _flat(c.k, d.batch, d.hkv, d.has_heads)
     v = _flat(c.v, d.batch, d.hkv, d.has_heads)
     consts, attrs = _operands(c, p, q.shape[0])
-    acc = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
-
-    def fwd_call(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
-        shapes = (
-            jax.ShapeDtypeStruct((*q.shape[:-1], v.shape[-1]), q.dtype),
-            jax.ShapeDtypeStruct(q.shape[:-1], acc),
-        )
-        return jax.ffi.ffi_call(FORWARD, shapes, vmap_method="broadcast_all")(q, k, v, *consts, **attrs)
-
-    def bwd_call(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, dlse: Any) -> tuple[Any, Any, Any]:
-        shapes = tuple(jax.ShapeDtypeStruct(x.shape, acc) for x in (q, k, v))
-        call = jax.ffi.ffi_call(BACKWARD, shapes, vmap_method="broadcast_all")
-        return call(q, k, v, out, lse, dout.astype(q.dtype), dlse.astype(acc), *consts, **attrs, has_dlse=np.int64(1))
 
     @jax.custom_vjp
     def attention(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
-        return fwd_call(q, k, v)
+        return _forward_call(q, k, v, consts, attrs)
 
     def attention_fwd(q: Any, k: Any, v: Any) -> tuple[tuple[Any, Any], tuple[Any, ...]]:
-        out, lse = fwd_call(q, k, v)
+        out, lse = _forward_call(q, k, v, consts, attrs)
         return (out, lse), (q, k, v, out, lse)
 
     def attention_bwd(res: tuple[Any, ...], g: tuple[Any, Any]) -> tuple[Any, Any, Any]:
         q, k, v, out, lse = res
-        dq, dk, dv = bwd_call(q, k, v, out, lse, *g)
+        dq, dk, dv = _backward_call(q, k, v, out, lse, *g, consts, attrs)
         return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
     attention.defvjp(attention_fwd, attention_bwd)
     out, lse = attention(q, k, v)
     lead = d.score_shape[:-2]
-    out = jnp.reshape(out, (*lead, d.nq, d.dv))
-    lse = jnp.reshape(lse, (*lead, d.nq))
     # q, k, v were broadcast to (B, H, ...) by jnp operations: jax.grad sums their cotangents back
-    return Result(out, None, lse)
+    return Result(jnp.reshape(out, (*lead, d.nq, d.dv)), None, jnp.reshape(lse, (*lead, d.nq)))
+
+
+def backward(dout: Array, c: Call, p: Any, out: Array, lse: Array, dlse: Array | None) -> tuple[Array, Array, Array]:
+    """``(dq, dk, dv)`` as ``(B, H, Nq, Dk)``, ``(B, Hkv, Nk, Dk)``, ``(B, Hkv, Nk, Dv)`` in the compute
+    dtype, for ``qkv.attention_backward`` on traced arrays (the caller reduces them to the inputs')."""
+    import jax.numpy as jnp
+
+    _register()
+    d = c.dims
+    q = _flat(c.q, d.batch, d.h, d.has_heads)
+    k = _flat(c.k, d.batch, d.hkv, d.has_heads)
+    v = _flat(c.v, d.batch, d.hkv, d.has_heads)
+    o, do = (_flat(x, d.batch, d.h, d.has_heads) for x in (out, dout))
+    lse4 = _flat(lse[..., None], d.batch, d.h, d.has_heads)[..., 0]
+    dl = jnp.zeros_like(lse4) if dlse is None else _flat(dlse[..., None], d.batch, d.h, d.has_heads)[..., 0]
+    consts, attrs = _operands(c, p, q.shape[0])
+    return _backward_call(q, k, v, o.astype(q.dtype), lse4, do, dl, consts, attrs)
