@@ -252,8 +252,15 @@ def header(argv: list[str]) -> dict[str, Any]:
             versions[dist] = version(dist)
         except PackageNotFoundError:
             versions[dist] = "absent"
+    try:  # the checkout this script ran from (scripts/anchors-setup --qkv installs qkv from it)
+        commit = subprocess.run(
+            ["git", "-C", str(HERE), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        commit = ""
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "checkout": commit or "unknown",
         "command": shlex.join([sys.executable] + argv),
         "cpu": info.get("model name", platform.processor()),
         "cpu_family_model": f"family {info.get('cpu family')}, model {info.get('model')}",
@@ -300,7 +307,8 @@ def markdown(head: dict[str, Any], rows: list[dict[str, Any]], loaded_label: str
         f"`{head['command']}` — {head['date']}" + (f" — **{loaded_label}**" if loaded_label else ""),
         "",
         f"CPU: {head['cpu']} ({head['cpu_family_model']}), {head['cpus']} CPUs, ISA: {head['isa']}; qkv's "
-        f"ISA path `{head['qkv_isa']}`; {head['threads']} threads everywhere; load average "
+        f"ISA path `{head['qkv_isa']}`; checkout `{head.get('checkout', 'unknown')}`; {head['threads']} threads "
+        f"everywhere; load average "
         f"{head['load_before'][0]:.2f} before, {head.get('load_after', (float('nan'),))[0]:.2f} after; "
         f"Python {head['python']}; " + ", ".join(f"{k} {v}" for k, v in head["versions"].items()),
         "",
