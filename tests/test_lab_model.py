@@ -208,3 +208,29 @@ def test_model_page_in_a_browser(page, lab, shots):  # noqa: F811
     page.evaluate("() => { window.scrollTo(0, 0); document.querySelector('section.view').scrollTop = 0; }")
     page.hover("#headfigure text.token[data-side=k][data-i='0']")  # what attends to [CLS]
     shots(page, "model")
+
+
+def test_a_failed_load_is_tried_again_after_retry_seconds(monkeypatch):
+    from qkv._inspect._errors import ModelError
+    from qkv.lab import model as lab_model
+
+    calls = []
+    real_load = lab_model.load_model
+
+    def flaky(model=None):  # the folder is mended after the first attempt
+        calls.append(model)
+        if len(calls) == 1:
+            raise ModelError("model folder 'x' has no tokenizer")
+        return real_load(model)
+
+    monkeypatch.setattr(lab_model, "load_model", flaky)
+    monkeypatch.setattr(lab_model, "RETRY", 3600.0)
+    with TestClient(create_app()) as c:
+        first = c.post("/api/model", json={"text": TEXT})
+        again = c.post("/api/model", json={"text": TEXT})  # within RETRY: the same answer, no new load
+        monkeypatch.setattr(lab_model, "RETRY", 0.0)
+        mended = c.post("/api/model", json={"text": TEXT})
+        kept = c.post("/api/model", json={"text": TEXT})
+    assert first.status_code == again.status_code == 422 and "no tokenizer" in again.json()["message"]
+    assert mended.status_code == 200 and mended.json()["tokens"] == qkv.inspect(TEXT).tokens
+    assert kept.status_code == 200 and len(calls) == 2  # a loaded model is never loaded again

@@ -8,7 +8,9 @@ model loads waits for it, and then for a run slot (up to ``QUEUED`` seconds): th
 request and a reload during the load are both answered, never refused as busy (at most
 ``WAITING`` requests wait at once: each holds a server thread). A model that
 cannot be loaded is refused with the loader's one-line reason (422, or the ``MissingExtra``
-message), on every request. A text may have at most ``max_model_chars`` characters and
+message); the first request ``RETRY`` seconds after the failure loads it again (a folder mended
+in place, an extra installed since, is picked up without a restart; a folder that stays bad
+costs one load per ``RETRY`` seconds, never one per request). A text may have at most ``max_model_chars`` characters and
 ``max_model_tokens`` tokens (the weights grow as layers x heads x N²); at most
 ``max_model_runs`` forward passes run at once, and once the model is loaded a request beyond
 that is refused with 429 rather than queued. No math here: the numbers are
@@ -16,6 +18,7 @@ that is refused with 429 rather than queued. No math here: the numbers are
 """
 
 import threading
+import time
 from typing import Any
 
 from .._inspect import check_text, inspect, load_model
@@ -27,6 +30,8 @@ QUEUED = 120.0
 WAITING = 4
 """Requests that may wait for the model's load at once (each holds one of the server's threads);
 one more is refused with 429."""
+RETRY = 30.0
+"""Seconds after a failed load before a request starts the load again."""
 
 
 class ModelRunner:
@@ -41,10 +46,14 @@ class ModelRunner:
         self._ready = threading.Event()
         self._loaded: Any = None
         self._error: BaseException | None = None
+        self._failed_at = 0.0
 
     def start(self) -> None:
-        """Begin loading the model in a background thread (once; later calls do nothing)."""
+        """Begin loading the model in a background thread (once; later calls do nothing, except
+        that a load which failed ``RETRY`` or more seconds ago is started again)."""
         with self._starting:
+            if self._error is not None and time.monotonic() - self._failed_at >= RETRY:
+                self._thread, self._error, self._ready = None, None, threading.Event()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._load, name="qkv-lab-model", daemon=True)
                 self._thread.start()
@@ -52,7 +61,8 @@ class ModelRunner:
     def _load(self) -> None:
         try:
             self._loaded = load_model(self.model)
-        except Exception as e:  # kept and raised to every request: a QKVError is a 4xx, a bug a 500
+        except Exception as e:  # kept and raised to the requests until RETRY: a QKVError is a 4xx, a bug a 500
+            self._failed_at = time.monotonic()
             self._error = e
         finally:
             self._ready.set()
@@ -66,11 +76,15 @@ class ModelRunner:
         """The model: starts the load if nothing has, waits for it, raises what it raised."""
         self.start()
         self._ready.wait()
-        if isinstance(self._error, QKVError):  # the model's problem: its one-line reason, a 4xx
-            raise self._error.with_traceback(None)
-        if self._error is not None:  # a bug: a 500 whose log keeps where the load failed
-            raise RuntimeError(f"loading the model {self.model or 'all-MiniLM-L6-v2'!r} failed") from self._error
-        return self._loaded
+        with self._starting:  # one attempt's outcome (a retry may have begun since the wait)
+            error, loaded = self._error, self._loaded
+        if error is None and loaded is None:
+            return self.loaded()  # a retry began: wait for it
+        if isinstance(error, QKVError):  # the model's problem: its one-line reason, a 4xx
+            raise error.with_traceback(None)
+        if error is not None:  # a bug: a 500 whose log keeps where the load failed
+            raise RuntimeError(f"loading the model {self.model or 'all-MiniLM-L6-v2'!r} failed") from error
+        return loaded
 
     def _acquire(self, waited: bool) -> None:
         lim = self.limits
@@ -88,6 +102,7 @@ class ModelRunner:
                 f"text has {len(req.text)} characters, above the lab's limit of max_model_chars={lim.max_model_chars}"
             )
         check_text(req.text)
+        self.start()  # a failed load RETRY seconds old starts again: this request waits for it
         if self.ready:
             loaded = self.loaded()
             self._acquire(waited=False)
