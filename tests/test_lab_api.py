@@ -306,6 +306,16 @@ def test_complexity_is_qkv_complexity_estimate(client):
     assert all(b == a * 4 for a, b in zip(flops, flops[1:], strict=False) if a)  # N doubles: FLOPs x4
 
 
+def test_the_complexity_curve_leaves_out_sizes_the_mask_parameters_do_not_fit(client):
+    # prefix=100 is valid at N=128, not at the curve's N=16..64: those points are skipped, not the request
+    r = client.post("/api/complexity", json={"n": 128, "d": 16, "mask": "prefix_lm", "mask_params": {"prefix": 100}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["skipped"] == [16, 32, 64] and [p["n"] for p in body["series"]][:2] == [128, 256]
+    too_big = {"n": 64, "mask": "prefix_lm", "mask_params": {"prefix": 100}}  # at the asked N: refused
+    assert "prefix" in refused(client.post("/api/complexity", json=too_big))
+
+
 @pytest.mark.parametrize(
     ("body", "words"),
     [

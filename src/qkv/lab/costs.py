@@ -11,6 +11,7 @@ import importlib.util
 from typing import Any
 
 from .. import complexity
+from ..errors import QKVError
 from ..masks.spec import build_mask
 from .compute import mask_errors
 from .measuring import MeasureFailed, in_child
@@ -60,8 +61,9 @@ def _sizes(n: int, limit: int) -> list[int]:
 
 
 def estimate(req: ComplexityRequest, limits: Limits) -> dict[str, Any]:
-    """``{"estimate": Estimate.to_dict(), "series": [{n, flops, score_bytes, peak_bytes, kv_cache_bytes}]}``;
-    the series keeps ``n_k / n_q`` fixed as N grows."""
+    """``{"estimate": Estimate.to_dict(), "series": [{n, flops, score_bytes, peak_bytes, kv_cache_bytes}],
+    "skipped": [n, ...]}``; the series keeps ``n_k / n_q`` fixed as N grows and leaves out (in
+    ``skipped``) the sizes where the mask's parameters do not apply."""
     for name, value in (("n", req.n), ("n_k", req.n_k)):
         if value is not None and value > limits.max_complexity_n:
             raise LabError(
@@ -77,12 +79,17 @@ def estimate(req: ComplexityRequest, limits: Limits) -> dict[str, Any]:
     top = limits.max_complexity_n_bigbird if req.mask == "bigbird" else limits.max_complexity_n
     one = _estimate(req, limits, req.n, req.n_k)
     ratio = 1.0 if req.n_k is None else req.n_k / req.n
-    series = []
+    series: list[dict[str, Any]] = []
+    skipped: list[int] = []
     for n in _sizes(req.n, top):
         n_k = max(1, min(top, round(n * ratio)))
         if _block_pairs(req, n, n if req.n_k is None else n_k) > limits.max_bigbird_block_pairs:
             break  # the curve ends where the calculator's bigbird limit does
-        e = one if n == req.n else _estimate(req, limits, n, None if req.n_k is None else n_k)
+        try:
+            e = one if n == req.n else _estimate(req, limits, n, None if req.n_k is None else n_k)
+        except (LabError, QKVError):  # parameters valid at the asked N but not at this one (prefix=100 at N=16)
+            skipped.append(n)
+            continue
         series.append(
             {
                 "n": n,
@@ -92,7 +99,7 @@ def estimate(req: ComplexityRequest, limits: Limits) -> dict[str, Any]:
                 "kv_cache_bytes": e.kv_cache_bytes,
             }
         )
-    return {"estimate": one.to_dict(), "series": series}
+    return {"estimate": one.to_dict(), "series": series, "skipped": skipped}
 
 
 def measure(req: ComplexityRequest, limits: Limits) -> dict[str, Any]:
