@@ -108,17 +108,31 @@ static inline typename VecOf<C>::V softmax_tile(const Params& P, const LaneGroup
   }
   const V ninf = vset1<V>(C(-INFINITY));
   V tmax = ninf;
-  if (P.n_mods == 0 && !masked && !addt) {
-    // FULL tile, plain scores: they left the matmul final; only the row max is needed
-    for (int64_t jj = 0; jj < jn; ++jj) tmax = vmax(tmax, vload(st + jj * kLanes));
+  // Keys [fa, fz) are inside every lane's interval: no mask work there, only on the ragged edges
+  // [0, fa) and [fz, jn) (at most the partial 16 keys of a causal diagonal or a window edge).
+  const int64_t fa = masked ? tm.free_lo : 0, fz = masked ? tm.free_hi : jn;
+  const auto edge = [&](int64_t jj, V s) {
+    const V jv = vset1<V>(C(jj));
+    return vsel(vand(vle(lo, jv), vlt(jv, hi)), s, ninf);
+  };
+  if (P.n_mods == 0 && !addt) {
+    // plain scores left the matmul final: the row max, and the edges masked in place
+    for (int64_t jj = 0; jj < fa; ++jj) {
+      const V s = edge(jj, vload(st + jj * kLanes));
+      vstore(st + jj * kLanes, s);
+      tmax = vmax(tmax, s);
+    }
+    for (int64_t jj = fa; jj < fz; ++jj) tmax = vmax(tmax, vload(st + jj * kLanes));
+    for (int64_t jj = fz; jj < jn; ++jj) {
+      const V s = edge(jj, vload(st + jj * kLanes));
+      vstore(st + jj * kLanes, s);
+      tmax = vmax(tmax, s);
+    }
   } else
     for (int64_t jj = 0; jj < jn; ++jj) {
       V s = score_row<V, false>(P, ml, vload(st + jj * kLanes), j0 + jj, addt ? addt + jj * kLanes : nullptr,
                                 static_cast<V*>(nullptr));
-      if (masked) {
-        const V jv = vset1<V>(C(jj));
-        s = vsel(vand(vle(lo, jv), vlt(jv, hi)), s, ninf);
-      }
+      if (jj < fa || jj >= fz) s = edge(jj, s);
       vstore(st + jj * kLanes, s);
       tmax = vmax(tmax, s);
     }
@@ -213,18 +227,30 @@ static inline void clean_tile(const Params& P, const LaneGroup* lgs, int nlg, co
   dirty_tile(P, lgs, nlg, tm, j0, jn, kbuf, vbuf, ldkb, ldvb, kp, ldk, vp, ldv, fl);
 }
 
+// A K / V tile with non-finite rows (rare, so out of the tile loop's function): the lanes are
+// flagged by their masks over the whole tile (a lane's interval lies inside its group's span, so
+// these are the keys the spans read), and kp / vp point at zeroed copies (finite.hpp).
+template <class C>
+__attribute__((noinline)) static void dirty_span(const Params& P, const LaneGroup* lgs, int nlg, int64_t kb, int64_t j0,
+                                                 int64_t jn, C* kbuf, C* vbuf, int64_t ldkb, int64_t ldvb, const C*& kp,
+                                                 int64_t& ldk, const C*& vp, int64_t& ldv, uint8_t (*fl)[kLanes]) {
+  TileMask whole[4];
+  for (int g = 0; g < nlg; ++g) classify(P, lgs[g], kb, j0, jn, whole[g]);
+  dirty_tile(P, lgs, nlg, whole, j0, jn, kbuf, vbuf, ldkb, ldvb, kp, ldk, vp, ldv, fl);
+}
+
 // ------------------------------------------------------------------ the wide path
 
 template <class T>
 struct FwdBufs {
   using C = typename Compute<T>::type;
-  C *qt, *ot, *st, *addt, *kc, *vc, *ml, *qr, *orow;
+  C *qt, *ot, *st, *st2, *addt, *kc, *vc, *ml, *qr, *orow;
   C *oc, *lc;  // the Kahan carries of O (wide: 4 x Dv x 16; thin: rows x dvp) and of l (microkernel.hpp)
   static size_t bytes(const Params& P) {
     const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes), n = 4;
-    const int64_t elems = n * P.Dk * kLanes + n * P.Dv * kLanes + 2 * P.bk * kLanes + P.bk * dkp + P.bk * dvp +
+    const int64_t elems = n * P.Dk * kLanes + n * P.Dv * kLanes + 3 * P.bk * kLanes + P.bk * dkp + P.bk * dvp +
                           2 * n * kLanes + kLanes * dkp + kLanes * dvp + oc_elems(P) + n * kLanes;
-    return size_t(elems) * sizeof(C) + 20 * 64;
+    return size_t(elems) * sizeof(C) + 21 * 64;
   }
   static int64_t oc_elems(const Params& P) {
     return imax(4 * P.Dv * kLanes, 8 * round_up(P.Dv, kLanes));  // wide: 4 lane groups; thin: <= 8 rows
@@ -235,6 +261,7 @@ struct FwdBufs {
     qt = c.take<C>(4 * P.Dk * kLanes);
     ot = c.take<C>(4 * P.Dv * kLanes);
     st = c.take<C>(P.bk * kLanes);
+    st2 = c.take<C>(P.bk * kLanes);
     addt = c.take<C>(P.bk * kLanes);
     kc = c.take<C>(P.bk * dkp);
     vc = c.take<C>(P.bk * dvp);
@@ -268,27 +295,77 @@ __attribute__((noinline)) static void fwd_rowset(const Params& P, FwdBufs<T>& S,
     mod_lanes_init(P, lgs[g], ml[g]);
   }
   const int64_t b = lgs[0].b, kvh = lgs[0].g;
+  // Intervals alone (no tile grid to honour): each pair of lane groups loops over the exact key
+  // span of its 32 rows (mask.hpp lane_span) inside the shared K/V tile, so a causal diagonal or
+  // a window edge costs it its ragged keys, not the rest of a 128-key tile. The two lane groups
+  // of a pair share every broadcast of K and V (gemm16x2); stacked GQA heads have equal spans.
+  const bool spans = P.rows && !P.tile_class;
+  LaneSpan sp[2];
+  for (int g = 0; g < nlg; g += 2) {
+    LaneSpan x = spans ? lane_span(P, lgs[g]) : LaneSpan{ka, kz, 0, 0};
+    if (spans && g + 1 < nlg) {
+      const LaneSpan y = lane_span(P, lgs[g + 1]);
+      if (x.a >= x.z)
+        x = y;
+      else if (y.a < y.z) {
+        x.a = imin(x.a, y.a);
+        x.z = imax(x.z, y.z);
+      }
+    }
+    sp[g / 2] = x;
+  }
   for (int64_t j0 = ka; j0 < kz; j0 += P.bk) {
     const int64_t jn = imin(P.bk, kz - j0), kb = j0 / P.bk;
+    int64_t off[2], len[2];
     bool any = false;
     for (int g = 0; g < nlg; ++g) {
-      classify(P, lgs[g], kb, j0, jn, tm[g]);
+      const LaneSpan& x = sp[g / 2];
+      const int64_t s0 = imax(j0, x.a), s1 = imin(j0 + jn, x.z);
+      off[g / 2] = s0 - j0;
+      len[g / 2] = s1 - s0;
+      if (s1 <= s0) {
+        tm[g].mode = TILE_SKIP;
+        continue;
+      }
+      classify(P, lgs[g], kb, s0, s1 - s0, tm[g]);
       any = any || tm[g].mode != TILE_SKIP;
     }
     if (!any) continue;
     int64_t ldk, ldv;
     const C* kp = kv_tile<T, C>(P.k, b, kvh, j0, jn, P.Dk, S.kc, dkp, false, ldk);
     const C* vp = kv_tile<T, C>(P.v, b, kvh, j0, jn, P.Dv, S.vc, dvp, false, ldv);
-    clean_tile<T>(P, lgs, nlg, tm, j0, jn, S.kc, S.vc, dkp, dvp, kp, ldk, vp, ldv, fl);
-    for (int g = 0; g < nlg; ++g) {
-      if (tm[g].mode == TILE_SKIP) continue;
-      gemm16<false>(S.st, kLanes, kp, ldk, 1, S.qt + g * P.Dk * kLanes, kLanes, jn, P.Dk);
-      const bool has_add = build_additive(P, lgs[g], tm[g], j0, jn, S.addt, fl[g]);
-      C* m_run = S.ml + g * 2 * kLanes;
-      const V alpha = softmax_tile<T, C>(P, lgs[g], ml[g], tm[g], j0, jn, S.st, has_add ? S.addt : nullptr, m_run,
-                                         m_run + kLanes, S.lc + g * kLanes);
-      // O^T = O^T alpha + V^T P^T, the tile summed from zero and added compensated (microkernel.hpp)
-      gemm16_kahan(S.ot + g * Dv * kLanes, S.oc + g * Dv * kLanes, kLanes, vp, 1, ldv, S.st, kLanes, Dv, jn, alpha);
+    if (!kv_range_clean<T>(P, b, kvh, j0, jn))
+      dirty_span(P, lgs, nlg, kb, j0, jn, S.kc, S.vc, dkp, dvp, kp, ldk, vp, ldv, fl);
+    for (int g = 0; g < nlg; g += 2) {
+      const int64_t s0 = j0 + off[g / 2], n = len[g / 2];
+      const C* ks = kp + off[g / 2] * ldk;
+      const C* vs = vp + off[g / 2] * ldv;
+      const bool pair = g + 1 < nlg && tm[g].mode != TILE_SKIP && tm[g + 1].mode != TILE_SKIP;
+      if (pair) {
+        C* m0 = S.ml + g * 2 * kLanes;
+        C* m1 = m0 + 2 * kLanes;
+        gemm16x2(S.st, S.st2, kLanes, ks, ldk, 1, S.qt + g * P.Dk * kLanes, S.qt + (g + 1) * P.Dk * kLanes, kLanes, n,
+                 P.Dk);
+        bool has_add = build_additive(P, lgs[g], tm[g], s0, n, S.addt, fl[g]);
+        const V a0 = softmax_tile<T, C>(P, lgs[g], ml[g], tm[g], s0, n, S.st, has_add ? S.addt : nullptr, m0,
+                                        m0 + kLanes, S.lc + g * kLanes);
+        has_add = build_additive(P, lgs[g + 1], tm[g + 1], s0, n, S.addt, fl[g + 1]);
+        const V a1 = softmax_tile<T, C>(P, lgs[g + 1], ml[g + 1], tm[g + 1], s0, n, S.st2, has_add ? S.addt : nullptr,
+                                        m1, m1 + kLanes, S.lc + (g + 1) * kLanes);
+        gemm16x2_kahan(S.ot + g * Dv * kLanes, S.oc + g * Dv * kLanes, S.ot + (g + 1) * Dv * kLanes,
+                       S.oc + (g + 1) * Dv * kLanes, kLanes, vs, 1, ldv, S.st, S.st2, kLanes, Dv, n, a0, a1);
+        continue;
+      }
+      for (int h = g; h < g + 2 && h < nlg; ++h) {
+        if (tm[h].mode == TILE_SKIP) continue;
+        gemm16<false>(S.st, kLanes, ks, ldk, 1, S.qt + h * P.Dk * kLanes, kLanes, n, P.Dk);
+        const bool has_add = build_additive(P, lgs[h], tm[h], s0, n, S.addt, fl[h]);
+        C* m_run = S.ml + h * 2 * kLanes;
+        const V alpha = softmax_tile<T, C>(P, lgs[h], ml[h], tm[h], s0, n, S.st, has_add ? S.addt : nullptr, m_run,
+                                           m_run + kLanes, S.lc + h * kLanes);
+        // O^T = O^T alpha + V^T P^T, the tile summed from zero and added compensated (microkernel.hpp)
+        gemm16_kahan(S.ot + h * Dv * kLanes, S.oc + h * Dv * kLanes, kLanes, vs, 1, ldv, S.st, kLanes, Dv, n, alpha);
+      }
     }
   }
 }

@@ -21,9 +21,6 @@ static inline void run_parallel(const Params& P, int n, TaskFn fn, void* ctx) {
 
 // ------------------------------------------------------------------ forward
 
-// Longest key range (in tiles) of a 64-row block for which lane groups walk their own ranges.
-constexpr int64_t kLaneRangeMax = 8;
-
 template <class T>
 struct FwdJob {
   using C = typename Compute<T>::type;
@@ -35,10 +32,29 @@ struct FwdJob {
   int64_t rows_per_kv = 0, chunks = 0, splits = 1, split_len = 0;
   C* part_buf = nullptr;
   int64_t part_stride = 0;  // elements per partial
+  // prefill: an item is pb blocks of 16 positions x hp query heads of one kv head (stacked_rows)
+  int64_t hp = 1, n_hc = 1, pb = 4, n_pc = 0;
 };
 
-// The lane groups of chunk `c` of the stacked (h, i) rows of (b, g) (decode) or of query block
-// qb of head h (prefill). Returns the number of lane groups (<= 4).
+// Prefill work items with GQA rows stacked: the group = H / Hkv query heads that share a kv head
+// are lane groups of the same item, so each K/V tile is read once for all of them (vLLM's CPU
+// attention gathers the heads of a group into one query tile the same way). An item holds at
+// most 4 lane groups: hp heads (the group split into n_hc near-equal chunks of <= 4) x pb blocks
+// of 16 positions (pb = 4 / hp: 64 positions of one head without grouping, as before; 16
+// positions x 4 heads for groups of 4 or 8). Lane groups keep 16 consecutive positions of one
+// head, so the ragged edges of causal / window spans stay <= 15 keys.
+template <class T>
+static void stacked_rows(const Params& P, FwdJob<T>& J) {
+  const int64_t group = P.H / P.Hkv;
+  J.n_hc = (group + 3) / 4;
+  J.hp = (group + J.n_hc - 1) / J.n_hc;
+  J.pb = imax(1, 4 / J.hp);
+  J.n_pc = (P.Nq + J.pb * kLanes - 1) / (J.pb * kLanes);
+  J.n_items = P.B * P.Hkv * J.n_hc * J.n_pc;
+}
+
+// The lane groups of chunk `c` of the stacked (h, i) rows of (b, g) (decode) or of a prefill item
+// (stacked_rows). Returns the number of lane groups (<= 4).
 template <class T>
 static int make_rowset(const Params& P, const FwdJob<T>& J, int64_t item, LaneGroup* lgs, int64_t& split) {
   const int64_t group = P.H / P.Hkv;
@@ -64,20 +80,31 @@ static int make_rowset(const Params& P, const FwdJob<T>& J, int64_t item, LaneGr
     }
     return nlg;
   }
-  const int64_t nbq = (P.Nq + P.bq - 1) / P.bq;
-  const int64_t qb = item % nbq, bh = item / nbq, h = bh % P.H, b = bh / P.H;
-  const int64_t i0 = qb * P.bq, nr = imin(P.bq, P.Nq - i0);
-  const int nlg = int((nr + kLanes - 1) / kLanes);
-  for (int lg = 0; lg < nlg; ++lg) {
-    LaneGroup& L = lgs[lg];
-    L.b = b;
-    L.g = h / group;
-    L.n = int(imin(kLanes, nr - lg * kLanes));
-    for (int l = 0; l < kLanes; ++l) {
-      L.h[l] = h;
-      L.i[l] = i0 + lg * kLanes + (l < L.n ? l : 0);
+  // the last position chunks first, over all heads: under causal masks they are the longest, and
+  // handing them out first leaves the short ones to even out the threads' ends (longest
+  // processing time first); the tile loop's results do not depend on the order
+  const int64_t per_pc = P.B * P.Hkv * J.n_hc;
+  const int64_t pc = J.n_pc - 1 - item / per_pc;
+  item %= per_pc;
+  const int64_t hc = item % J.n_hc;
+  item /= J.n_hc;
+  const int64_t g = item % P.Hkv, b = item / P.Hkv;
+  const int64_t h0 = g * group + hc * J.hp, nh = imin(J.hp, group - hc * J.hp);
+  const int64_t i0 = pc * J.pb * kLanes;
+  const int64_t npb = imin(J.pb, (P.Nq - i0 + kLanes - 1) / kLanes);
+  int nlg = 0;
+  for (int64_t p = 0; p < npb; ++p)
+    for (int64_t hh = 0; hh < nh; ++hh) {
+      LaneGroup& L = lgs[nlg++];
+      const int64_t ib = i0 + p * kLanes;
+      L.b = b;
+      L.g = g;
+      L.n = int(imin(kLanes, P.Nq - ib));
+      for (int l = 0; l < kLanes; ++l) {
+        L.h[l] = h0 + hh;
+        L.i[l] = ib + (l < L.n ? l : 0);
+      }
     }
-  }
   return nlg;
 }
 
@@ -96,21 +123,6 @@ static void fwd_task(void* ctx, int tid) {
     const int nlg = make_rowset<T>(P, J, it, lgs, split);
     int64_t ka, kz;
     row_key_range(P, lgs, nlg, ka, kz);
-    if (P.rows && !P.tile_class && !J.decode && nlg > 1 && kz - ka <= kLaneRangeMax * P.bk) {
-      // Intervals alone and a short key range (sliding window, short documents): no tile grid to
-      // honour, so each lane group walks exactly the keys its 16 rows may see, from its own first
-      // key (a 256-key window costs ~272 keys per query instead of the 384-512 of tiles shared by
-      // 64 rows): measured 1.09x (window 256) and 1.16x (1k-token documents) at N=8192. Over long
-      // ranges (causal) sharing each K/V tile among the 4 lane groups wins instead (~10%).
-      for (int g = 0; g < nlg; ++g) {
-        int64_t a, z;
-        row_key_range(P, lgs + g, 1, a, z);
-        uint8_t fl[1][kLanes] = {};
-        fwd_rowset<T>(P, S, lgs + g, 1, a, z, fl);
-        fwd_finish<T>(P, S, lgs + g, 1, fl, nullptr);
-      }
-      continue;
-    }
     if (P.tile_class) ka = ka / P.bk * P.bk;  // tiles stay aligned to the lead's tile grid
     Partial<C> part{}, *pp = nullptr;
     if (J.decode && J.splits > 1) {
@@ -161,7 +173,7 @@ static bool forward_impl(const Params& P) {
       if (!J.part_buf) return false;
     }
   } else {
-    J.n_items = P.B * P.H * ((P.Nq + P.bq - 1) / P.bq);
+    stacked_rows<T>(P, J);
   }
   const int nt = int(imin(threads, J.n_items));
   if (!J.arena.alloc(nt < 1 ? 1 : nt, FwdBufs<T>::bytes(P))) {

@@ -24,9 +24,13 @@ enum TileMode { TILE_SKIP = 0, TILE_FULL = 1, TILE_MASKED = 2 };
 
 // Per (lane group, key tile): the mode, and in TILE_MASKED the per-lane interval relative to the
 // tile start (lo/hi in [0, jn]) plus the bitmap row of each lane (nullptr: no bitmap condition).
+// [free_lo, free_hi) is the part of the tile inside every active lane's interval: the softmax
+// masks only the ragged edges outside it (a causal diagonal or window edge costs at most 15 keys
+// of mask work per lane group, not the whole tile). Bitmaps are applied separately (mods.hpp).
 struct TileMask {
   int mode = TILE_FULL;
   bool any_bitmap = false;
+  int32_t free_lo = 0, free_hi = 0;
   int32_t lo[kLanes], hi[kLanes];
   const uint64_t* bm_row[kLanes];
 };
@@ -80,6 +84,47 @@ static inline void classify(const Params& P, const LaneGroup& lg, int64_t kb, in
     all_full = all_full && cls == FULL;
   }
   tm.mode = all_empty ? TILE_SKIP : (all_full ? TILE_FULL : TILE_MASKED);
+  int32_t fa = 0, fz = int32_t(jn);
+  for (int l = 0; l < lg.n; ++l) {
+    fa = tm.lo[l] > fa ? tm.lo[l] : fa;
+    fz = tm.hi[l] < fz ? tm.hi[l] : fz;
+  }
+  if (fa >= fz) fa = fz = 0;
+  tm.free_lo = fa;
+  tm.free_hi = fz;
+}
+
+// The keys one lane group can see when only intervals are given: the union [a, z) of its lanes'
+// intervals (the keys it loops over) and their intersection [c, d) (the keys every lane sees: no
+// mask work there), both clamped to [0, Nk); an empty union gives a = z = 0, an empty
+// intersection c = d = 0. Exact ranges per row group, as vLLM's CPU attention computes per tile
+// from the causal / window limits (csrc/cpu, read to learn): no key outside [a, z) is touched.
+struct LaneSpan {
+  int64_t a = 0, z = 0, c = 0, d = 0;
+};
+
+static inline LaneSpan lane_span(const Params& P, const LaneGroup& lg) {
+  LaneSpan s;
+  int64_t a = P.Nk, z = 0, c = 0, d = P.Nk;
+  for (int l = 0; l < lg.n; ++l) {
+    const int32_t* r = P.rows + lg.b * P.rw_b + lg.h[l] * P.rw_h + lg.i[l] * 2;
+    const int64_t lo = imax(r[0], 0), hi = imin(r[1], P.Nk);
+    c = imax(c, lo);
+    d = imin(d, hi);
+    if (lo < hi) {
+      a = imin(a, lo);
+      z = imax(z, hi);
+    }
+  }
+  if (a < z) {
+    s.a = a;
+    s.z = z;
+  }
+  if (c < d) {
+    s.c = c;
+    s.d = d;
+  }
+  return s;
 }
 
 // Key range [k_lo, k_hi) that can matter to any row of a set, when only intervals are given:

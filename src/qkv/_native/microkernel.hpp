@@ -113,5 +113,94 @@ static void gemm16_kahan(C* Cp, C* Kp, int64_t ldc, const C* A, int64_t sam, int
   gemm16m<KAHAN>(Cp, ldc, A, sam, sar, Bp, ldb, M, R, Kp, alpha, am);
 }
 
+// Two lane groups against the same A rows (the same keys of K or V): one broadcast of A feeds two
+// FMAs, so a step loads 2 + NR2 vectors for 2 NR2 FMAs instead of 1 + NR for NR (the 12 x 16
+// block above is load-bound as much as FMA-bound on a core with two of each). vLLM's CPU
+// attention register-blocks its Q K^T the same way, several query rows per loaded key vector.
+//   C0[m] (=, or KAHAN with alpha0) sum_r A[m*sam + r*sar] * B0[r*ldb]; C1 likewise with B1, alpha1.
+template <class C>
+struct Nr2 {
+  static constexpr int NR = VecOf<C>::NR;
+  static constexpr int value = NR >= 12 ? 10 : (NR / 2 > 0 ? NR / 2 : 1);
+};
+
+template <class V, int NRm, int MODE, class C>
+static inline __attribute__((always_inline)) void mk_block2(C* __restrict C0, C* __restrict C1, int64_t ldc,
+                                                            const C* __restrict A, int64_t sam, int64_t sar,
+                                                            const C* __restrict B0, const C* __restrict B1, int64_t ldb,
+                                                            int64_t R, C* __restrict K0, C* __restrict K1, V alpha0,
+                                                            V alpha1) {
+  V acc0[NRm], acc1[NRm];
+#pragma GCC unroll 16
+  for (int m = 0; m < NRm; ++m) acc0[m] = acc1[m] = vzero<V>();
+  for (int64_t r = 0; r < R; ++r) {
+    const V b0 = vload(B0 + r * ldb), b1 = vload(B1 + r * ldb);
+    const C* a = A + r * sar;
+#pragma GCC unroll 16
+    for (int m = 0; m < NRm; ++m) {
+      const V x = vset1<V>(a[m * sam]);
+      acc0[m] = vfma(x, b0, acc0[m]);
+      acc1[m] = vfma(x, b1, acc1[m]);
+    }
+  }
+  if constexpr (MODE == KAHAN) {
+#pragma GCC unroll 16
+    for (int m = 0; m < NRm; ++m) {
+      kahan_add(C0 + m * ldc, K0 + m * ldc, acc0[m], alpha0);
+      kahan_add(C1 + m * ldc, K1 + m * ldc, acc1[m], alpha1);
+    }
+  } else {
+#pragma GCC unroll 16
+    for (int m = 0; m < NRm; ++m) {
+      vstore(C0 + m * ldc, acc0[m]);
+      vstore(C1 + m * ldc, acc1[m]);
+    }
+  }
+}
+
+template <class V, int K, int MODE, class C>
+static inline void mk_tail2(int rem, C* C0, C* C1, int64_t ldc, const C* A, int64_t sam, int64_t sar, const C* B0,
+                            const C* B1, int64_t ldb, int64_t R, C* K0, C* K1, V alpha0, V alpha1) {
+  if constexpr (K >= 1) {
+    if (rem == K) {
+      mk_block2<V, K, MODE>(C0, C1, ldc, A, sam, sar, B0, B1, ldb, R, K0, K1, alpha0, alpha1);
+      return;
+    }
+    mk_tail2<V, K - 1, MODE>(rem, C0, C1, ldc, A, sam, sar, B0, B1, ldb, R, K0, K1, alpha0, alpha1);
+  }
+}
+
+template <int MODE, class C>
+static void gemm16x2m(C* C0, C* C1, int64_t ldc, const C* A, int64_t sam, int64_t sar, const C* B0, const C* B1,
+                      int64_t ldb, int64_t M, int64_t R, C* K0, C* K1, typename VecOf<C>::V alpha0,
+                      typename VecOf<C>::V alpha1) {
+  using V = typename VecOf<C>::V;
+  constexpr int NR = Nr2<C>::value;
+  int64_t m = 0;
+  for (; m + NR <= M; m += NR)
+    mk_block2<V, NR, MODE>(C0 + m * ldc, C1 + m * ldc, ldc, A + m * sam, sam, sar, B0, B1, ldb, R,
+                           K0 ? K0 + m * ldc : nullptr, K1 ? K1 + m * ldc : nullptr, alpha0, alpha1);
+  if (m < M)
+    mk_tail2<V, NR - 1, MODE>(int(M - m), C0 + m * ldc, C1 + m * ldc, ldc, A + m * sam, sam, sar, B0, B1, ldb, R,
+                              K0 ? K0 + m * ldc : nullptr, K1 ? K1 + m * ldc : nullptr, alpha0, alpha1);
+}
+
+// C0 = A B0 and C1 = A B1
+template <class C>
+static void gemm16x2(C* C0, C* C1, int64_t ldc, const C* A, int64_t sam, int64_t sar, const C* B0, const C* B1,
+                     int64_t ldb, int64_t M, int64_t R) {
+  using V = typename VecOf<C>::V;
+  gemm16x2m<STORE>(C0, C1, ldc, A, sam, sar, B0, B1, ldb, M, R, static_cast<C*>(nullptr), static_cast<C*>(nullptr),
+                   vzero<V>(), vzero<V>());
+}
+
+// C0 = C0 alpha0 + A B0 and C1 = C1 alpha1 + A B1, compensated (carries K0, K1)
+template <class C>
+static void gemm16x2_kahan(C* C0, C* K0, C* C1, C* K1, int64_t ldc, const C* A, int64_t sam, int64_t sar, const C* B0,
+                           const C* B1, int64_t ldb, int64_t M, int64_t R, typename VecOf<C>::V alpha0,
+                           typename VecOf<C>::V alpha1) {
+  gemm16x2m<KAHAN>(C0, C1, ldc, A, sam, sar, B0, B1, ldb, M, R, K0, K1, alpha0, alpha1);
+}
+
 }  // namespace QKV_NS
 }  // namespace qkv_native
