@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 import qkv  # noqa: E402
 import qkv.nn  # noqa: E402
 from qkv import _native, masks, scores  # noqa: E402
+from qkv._native import KernelMod, ModKind  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not _native.available(), reason="compiled engine unavailable")
 
@@ -133,7 +134,8 @@ def test_opcheck_passes_on_the_operators():
         (q, k, v, None, "", [], [1, 4], "()", [], 0.3, 0.0, seed),
         (q, k, v, torch.randn(1, 4, N, N), code, data, [1, 4], "()", [], 0.3, 0.0, seed),
     ]
-    mods_code, tables = _torch_op.encode_mods((("softcap", 2.0), ("alibi", None)))
+    mods = (KernelMod(ModKind.SOFTCAP, 2.0), KernelMod(ModKind.ALIBI))
+    mods_code, tables = _torch_op.encode_mods(mods)
     cases.append((q, k, v, None, code, data, [1, 4], mods_code, tables, 0.3, 0.0, seed))
     for args in cases:
         torch.library.opcheck(torch.ops.qkv.attention.default, args)

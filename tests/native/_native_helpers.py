@@ -6,6 +6,29 @@ import numpy as np
 
 from qkv import _native as native
 
+_KINDS = {"mul": native.ModKind.MUL, "softcap": native.ModKind.SOFTCAP}
+
+
+def kernel_mods(specs):
+    """The reference's mod specs (``("mul", c)``, ``("softcap", c)``, ``("alibi", slopes)``,
+    ``("relbias", table, M)``; ``_native_reference.apply_mods``) as the kernel's KernelMods."""
+    out = []
+    for s in specs:
+        if s[0] in _KINDS:
+            out.append(native.KernelMod(_KINDS[s[0]], s[1]))
+        elif s[0] == "alibi":
+            out.append(native.KernelMod(native.ModKind.ALIBI, table=s[1]))
+        else:
+            assert s[0] == "relbias", s
+            out.append(native.KernelMod(native.ModKind.RELBIAS, table=s[1], m=s[2]))
+    return tuple(out)
+
+
+def _typed(kw):
+    if "mods" in kw:
+        kw["mods"] = kernel_mods(kw["mods"])
+    return kw
+
 
 def make_qkv(rng, b, h, hkv, nq, nk, dk, dv, dtype=np.float64, scale=1.0):
     q = rng.standard_normal((b, h, nq, dk)) * scale
@@ -25,7 +48,7 @@ def run_forward(q, k, v, **kw):
     out = np.empty((b, h, nq, dv), dtype=np.dtype(q.dtype))
     lse = np.empty((b, h, nq), dtype=acc_dtype(q.dtype))
     kw.setdefault("scale", 1.0 / np.sqrt(q.shape[3]))
-    native.forward(q, k, v, out, lse, **kw)
+    native.forward(q, k, v, out, lse, **_typed(kw))
     return out, lse
 
 
@@ -37,7 +60,7 @@ def run_backward(q, k, v, out, lse, dout, **kw):
     dk_ = np.empty((b, hkv, nk, dk), a)
     dv_ = np.empty((b, hkv, nk, dv), a)
     kw.setdefault("scale", 1.0 / np.sqrt(q.shape[3]))
-    native.backward(q, k, v, out, lse, dout, dq, dk_, dv_, **kw)
+    native.backward(q, k, v, out, lse, dout, dq, dk_, dv_, **_typed(kw))
     return dq, dk_, dv_
 
 
@@ -62,7 +85,7 @@ def torch_forward(q, k, v, threads=1, **kw):
     out = torch.empty((b, h, nq, v.shape[3]), dtype=q.dtype)
     lse = torch.empty((b, h, nq), dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
     kw.setdefault("scale", 1.0 / dk**0.5)
-    native.forward(q, k, v, out, lse, threads=threads, **kw)
+    native.forward(q, k, v, out, lse, threads=threads, **_typed(kw))
     return out, lse
 
 
@@ -75,7 +98,7 @@ def torch_backward(q, k, v, out, lse, dout, threads=1, **kw):
     dk_ = torch.empty(k.shape, dtype=a)
     dv_ = torch.empty(v.shape, dtype=a)
     kw.setdefault("scale", 1.0 / dk**0.5)
-    native.backward(q, k, v, out, lse, dout, dq, dk_, dv_, threads=threads, **kw)
+    native.backward(q, k, v, out, lse, dout, dq, dk_, dv_, threads=threads, **_typed(kw))
     return dq, dk_, dv_
 
 

@@ -13,6 +13,8 @@ from qkv import _native as native
 if not native.available():  # pragma: no cover - a pure-Python install
     if os.environ.get("QKV_REQUIRE_NATIVE") == "1":  # CI: the kernel must be there
         raise RuntimeError(f"QKV_REQUIRE_NATIVE=1 but qkv._native is unavailable: {native.reason()}")
+    if "scripts/stubs" in native.reason():  # built, but refused for stale facts: a failure, never a skip
+        raise RuntimeError(native.reason())
     pytest.skip(f"qkv._native unavailable: {native.reason()}", allow_module_level=True)
 
 ISAS = native.isas()

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from qkv import _native as native
+from qkv._native import KernelMod, ModKind
 
 
 def arrays(b=1, h=2, hkv=1, nq=20, nk=30, dk=8, dv=8, dtype=np.float32):
@@ -111,14 +112,20 @@ def test_mask_arrays():
 
 def test_mods_bias_options():
     q, k, v, out, lse = arrays()
-    with pytest.raises(ValueError, match="unknown mod"):
-        fwd(q, k, v, out, lse, mods=(("square", 2.0),))
+    with pytest.raises(TypeError, match="KernelMod"):  # string-tagged tuples are gone
+        fwd(q, k, v, out, lse, mods=(("softcap", 2.0),))
+    with pytest.raises(TypeError, match="KernelMod"):  # the binding too refuses them
+        native._ext.forward(q, k, v, out, lse, scale=1.0, mods=(("softcap", 2.0),))
+    with pytest.raises(ValueError, match="unknown mod kind 7"):
+        native._ext.forward(q, k, v, out, lse, scale=1.0, mods=((7, 2.0, None, 0),))
     with pytest.raises(ValueError, match="softcap.*> 0"):
-        fwd(q, k, v, out, lse, mods=(("softcap", 0.0),))
+        fwd(q, k, v, out, lse, mods=(KernelMod(ModKind.SOFTCAP, 0.0),))
+    with pytest.raises(ValueError, match="mul.*takes no table"):
+        fwd(q, k, v, out, lse, mods=(KernelMod(ModKind.MUL, 2.0, np.ones(2)),))
     with pytest.raises(ValueError, match=r"head axis must be 1 or H=2"):
-        fwd(q, k, v, out, lse, mods=(("alibi", np.ones(3)),))
+        fwd(q, k, v, out, lse, mods=(KernelMod(ModKind.ALIBI, table=np.ones(3)),))
     with pytest.raises(ValueError, match=r"2M\+1"):
-        fwd(q, k, v, out, lse, mods=(("relbias", np.ones((2, 4)), 2),))
+        fwd(q, k, v, out, lse, mods=(KernelMod(ModKind.RELBIAS, table=np.ones((2, 4)), m=2),))
     with pytest.raises(ValueError, match=r"bias: axis 3 must be Nk=30"):
         fwd(q, k, v, out, lse, bias=np.zeros((1, 1, 1, 29)))
     with pytest.raises(ValueError, match="dropout_p"):

@@ -19,6 +19,7 @@ from .. import _native as native
 from .._backend import dtype_name, is_jax, is_torch, is_traced, namespace, unbroadcast
 from .._finite import overflow_error
 from .._heads import cast
+from .._native import KernelMod
 from .._typing import Array, Result
 from ..scores import kernel_ops
 from ._call import Call
@@ -57,14 +58,14 @@ def _mask_args(p: "Plan") -> dict[str, Any]:
     return {"tile_class": m.classes, "bitmap_index": m.bitmap_index, "bitmaps": m.bitmaps}
 
 
-def _mods(c: Call) -> tuple[tuple[Any, ...], ...]:
+def _mods(c: Call) -> tuple[KernelMod, ...]:
     if c.score_mod is None:
         return ()
     assert c.score_mod.native is not None
     lead = c.dims.score_shape[:-2] if c.dims.has_heads else ()
     ops = []
     for op in kernel_ops(c.score_mod.native, lead):  # slopes and tables checked against H, batch flattened
-        ops.append((op[0], _table(op[1]), *op[2:]) if op[0] in ("alibi", "relbias") else op)
+        ops.append(op._replace(table=_table(op.table)) if op.positional else op)
     return tuple(ops)
 
 

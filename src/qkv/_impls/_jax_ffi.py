@@ -19,7 +19,7 @@ input, or whose finite inputs overflow, comes back NaN (the eager call raises th
 
 import functools
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -30,8 +30,6 @@ from ..scores import kernel_ops
 from ._call import Call
 
 FORWARD, BACKWARD = "qkv_attention_forward", "qkv_attention_backward"
-# params.hpp's ModKind, by the names ScoreMod.native gives the kernel's ops
-_MOD_KINDS = {"mul": 0, "softcap": 1, "alibi": 2, "relbias": 3}
 _MASK_NONE, _MASK_ROWS, _MASK_TILES = 0, 1, 2
 
 
@@ -106,13 +104,15 @@ def _operands(c: Call, p: Any, b: int) -> tuple[list[Any], dict[str, Any]]:
         ops.append(_bias(c))
     kinds, consts, radii = [], [], []
     lead = d.score_shape[:-2] if d.has_heads else ()
-    table_dtype = np.float64 if jax.config.jax_enable_x64 else np.float32
-    for op in kernel_ops(c.score_mod.native, lead) if c.score_mod is not None else ():
-        kinds.append(_MOD_KINDS[op[0]])
-        consts.append(float(op[1]) if op[0] in ("mul", "softcap") else 0.0)
-        radii.append(int(op[2]) if op[0] == "relbias" else 0)
-        if op[0] in ("alibi", "relbias"):
-            ops.append(np.ascontiguousarray(np.asarray(op[1], dtype=table_dtype)))
+    table_dtype = np.float64 if jax.config.read("jax_enable_x64") else np.float32
+    native_mods = () if c.score_mod is None else c.score_mod.native
+    assert native_mods is not None  # the plan sends a mod the kernel cannot run to the array engine
+    for op in kernel_ops(native_mods, lead):
+        kinds.append(int(op.kind))  # the kernel's own ModKind (params.hpp, via _native/_facts.py)
+        consts.append(0.0 if op.positional else float(op.c))
+        radii.append(int(op.m))
+        if op.positional:
+            ops.append(np.ascontiguousarray(np.asarray(op.table, dtype=table_dtype)))
     seed = int(c.rng) if c.dropout > 0 else 0
     attrs = dict(
         scale=np.float64(c.scale),
@@ -152,7 +152,8 @@ def _forward_call(q: Any, k: Any, v: Any, consts: list[Any], attrs: dict[str, An
         jax.ShapeDtypeStruct((*q.shape[:-1], v.shape[-1]), q.dtype),
         jax.ShapeDtypeStruct(q.shape[:-1], acc),
     )
-    return jax.ffi.ffi_call(FORWARD, shapes, vmap_method="broadcast_all")(q, k, v, *consts, **attrs)
+    out = jax.ffi.ffi_call(FORWARD, shapes, vmap_method="broadcast_all")(q, k, v, *consts, **attrs)
+    return cast(tuple[Any, Any], out)
 
 
 def _backward_call(
@@ -166,7 +167,7 @@ def _backward_call(
     shapes = tuple(jax.ShapeDtypeStruct(x.shape, acc) for x in (q, k, v))
     call = jax.ffi.ffi_call(BACKWARD, shapes, vmap_method="broadcast_all")
     args = (q, k, v, out, lse.astype(acc), dout.astype(q.dtype), dlse.astype(acc))
-    return call(*args, *consts, **attrs, has_dlse=np.int64(1))
+    return cast(tuple[Any, Any, Any], call(*args, *consts, **attrs, has_dlse=np.int64(1)))
 
 
 def forward(c: Call, p: Any) -> Result:

@@ -23,6 +23,7 @@ from torch import Tensor
 from .. import _native as native
 from .. import masks
 from .._finite import overflow_error
+from .._native import KernelMod
 from ..errors import ArgumentError, MaskError
 from ..scores import kernel_ops
 from ._plan import threads
@@ -32,15 +33,16 @@ def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def encode_mods(native_ops: Any) -> tuple[str, list[Tensor]]:
-    """A score mod's kernel ops (``ScoreMod.native``) as ``(code, tables)`` (``masks.encode``)."""
+def encode_mods(native_ops: tuple[KernelMod, ...] | None) -> tuple[str, list[Tensor]]:
+    """A score mod's kernel ops (``ScoreMod.native``) as ``(code, tables)`` (``masks.encode``:
+    each KernelMod as its tuple ``(kind, c, table, m)``, the kind an int, the tables in ``tables``)."""
     code, tables = masks.encode(tuple(tuple(op) for op in native_ops or ()))
     return code, [t if isinstance(t, Tensor) else torch.as_tensor(t) for t in tables]
 
 
-def _mods(code: str, tables: list[Tensor], lead: list[int]) -> tuple[tuple[Any, ...], ...]:
+def _mods(code: str, tables: list[Tensor], lead: list[int]) -> tuple[KernelMod, ...]:
     ops = masks.decode_tree(code, [t.detach().contiguous() for t in tables])
-    return kernel_ops(tuple(tuple(op) for op in ops), tuple(int(x) for x in lead))
+    return kernel_ops(tuple(KernelMod.decoded(op) for op in ops), tuple(int(x) for x in lead))
 
 
 def _mask_args(
@@ -96,9 +98,7 @@ def _kernel_kwargs(
         seed=int(seed.item()) & 0xFFFFFFFFFFFFFFFF if dropout > 0 else 0,
         threads=threads(),
     )
-    kw.update(
-        _mask_args(mask_code, mask_data, lead, q, k, v, positional=any(op[0] in ("alibi", "relbias") for op in mods))
-    )
+    kw.update(_mask_args(mask_code, mask_data, lead, q, k, v, positional=any(op.positional for op in mods)))
     return kw
 
 

@@ -20,18 +20,22 @@ import importlib.util
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import _torch
+from . import _facts
+from ._facts import BLOCK_K, BLOCK_Q, DECODE_MAX_NQ, EMPTY, FULL, LANES, MAX_THREADS, PARTIAL, ModKind
+from ._kernel_mod import KernelMod
 
-_ext: Any = None
-_reason = ""
+# The facts the kernels and Python share are written once, in C++ (params.hpp); _facts.py is
+# generated from the built extension (scripts/stubs) so that they exist without it, and an
+# extension whose facts differ from it is refused below (a stale build or a stale _facts.py).
 
 
-def _load() -> None:
-    global _ext, _reason
+def _load() -> tuple[Any, str]:
+    """``(the extension module, "")``, or ``(None, why not)``."""
     path = os.environ.get("QKV_NATIVE_LIB")  # a separately built module (scripts/sanitize)
     try:
         if path:
@@ -41,41 +45,44 @@ def _load() -> None:
             mod = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = mod
             spec.loader.exec_module(mod)
-            _ext = mod
         else:
             # import_module, not `from . import _ext`: the editable-install finder does not always set
             # the package attribute, and the module-level name would shadow it
-            _ext = importlib.import_module(__name__ + "._ext")
+            mod = importlib.import_module(__name__ + "._ext")
     except ImportError as e:  # not built (pure-Python install) or not loadable
-        _ext = None
         missing = "No module named" in str(e) and "_ext" in str(e)
-        _reason = (
+        return None, (
             "the compiled kernel qkv._native._ext is not installed (the C++ build was skipped or failed; "
             "reinstall with a C++17 compiler and CMake to get it)"
             if missing
             else f"the compiled kernel qkv._native._ext could not be loaded: {e}"
         )
     except Exception as e:  # noqa: BLE001 - any failure to load means "unavailable", never an import error
-        _ext = None
-        _reason = f"the compiled kernel qkv._native._ext failed to initialise: {type(e).__name__}: {e}"
+        return None, f"the compiled kernel qkv._native._ext failed to initialise: {type(e).__name__}: {e}"
+    stale = _stale_facts(mod)
+    if stale:
+        return None, (
+            f"the compiled kernel qkv._native._ext disagrees with qkv/_native/_facts.py on {', '.join(stale)} "
+            "(rebuild, then run scripts/stubs)"
+        )
+    return mod, ""
 
 
-_load()
+def _stale_facts(ext: Any) -> list[str]:
+    """The names of ``_facts.FACTS`` whose value in the extension ``ext`` differs from ``_facts``."""
+    out = [n for n in _facts.FACTS if n != "ModKind" and getattr(ext, n, None) != getattr(_facts, n)]
+    kinds = getattr(ext, "ModKind", None)
+    if kinds is None or {m.name: int(m.value) for m in kinds} != {m.name: int(m.value) for m in ModKind}:
+        out.append("ModKind")
+    return out
 
-# The facts the kernels and Python share, written once in C++ (params.hpp) and read here from the
-# binding; None when the extension is missing (nothing then runs on it).
-EMPTY: int | None = getattr(_ext, "EMPTY", None)
-PARTIAL: int | None = getattr(_ext, "PARTIAL", None)
-FULL: int | None = getattr(_ext, "FULL", None)
-"""Tile classes (int8 values of ``tile_class``); ``qkv.masks`` checks it uses the same ones."""
-MAX_THREADS: int = getattr(_ext, "MAX_THREADS", 1)
-"""Most worker threads one call may use (the kernel's per-thread tables are sized by it)."""
-DECODE_MAX_NQ: int | None = getattr(_ext, "DECODE_MAX_NQ", None)
-"""Calls with at most this many queries take the decode path (keys split across threads)."""
-LANES: int | None = getattr(_ext, "LANES", None)
-BLOCK_Q: int | None = getattr(_ext, "BLOCK_Q", None)
-BLOCK_K: int | None = getattr(_ext, "BLOCK_K", None)
-"""Queries across the SIMD lanes, and the tile shape of prefill work."""
+
+if TYPE_CHECKING:
+    import qkv._native._ext as _ext  # its stub, _ext.pyi, generated from the built module (scripts/stubs)
+
+    _reason: str
+else:
+    _ext, _reason = _load()
 
 
 def available() -> bool:
@@ -89,6 +96,8 @@ def reason() -> str:
 
 
 def _need() -> Any:
+    """The extension module, or RuntimeError saying why it is unavailable. Callers here use
+    ``_ext`` itself after it, so that mypy checks each call against the stub ``_ext.pyi``."""
     if _ext is None:
         raise RuntimeError(f"qkv._native is unavailable: {_reason}")
     return _ext
@@ -96,46 +105,45 @@ def _need() -> Any:
 
 def isa() -> str:
     """The instruction-set path in use: "avx512", "avx2", "neon" (arm64) or "portable"."""
-    return str(_need().isa())
+    _need()
+    return _ext.isa()
 
 
 def isas() -> tuple[str, ...]:
     """The paths this CPU can run, best first ("portable" is always last)."""
-    return tuple(_need().isas())
+    _need()
+    return tuple(_ext.isas())
 
 
 @contextlib.contextmanager
 def use_isa(name: str) -> Iterator[None]:
     """Force the path ``name`` inside the ``with`` block (for tests); raises ValueError if this
     CPU cannot run it. Process-wide: not for concurrent use with other threads' calls."""
-    ext = _need()
-    old = ext.isa()
-    ext.set_isa(name)
+    _need()
+    old = _ext.isa()
+    _ext.set_isa(name)
     try:
         yield
     finally:
-        ext.set_isa(old)
+        _ext.set_isa(old)
 
 
 def tile_shape(nq: int, nk: int, dk: int, dv: int, dtype: str) -> tuple[int, int]:
     """``(block_q, block_k)`` of a call with these sizes: the grid of ``tile_class``,
     ``bitmap_index`` and ``bitmaps`` (``nbq = ceil(nq / block_q)``, ``nbk = ceil(nk / block_k)``)."""
-    bq, bk = _need().tile_shape(int(nq), int(nk), int(dk), int(dv), str(dtype))
+    _need()
+    bq, bk = _ext.tile_shape(int(nq), int(nk), int(dk), int(dv), str(dtype))
     return int(bq), int(bk)
 
 
-def _mods(mods: Sequence[tuple[Any, ...]]) -> tuple[tuple[Any, ...], ...]:
+def _mods(mods: Sequence[KernelMod]) -> tuple[KernelMod, ...]:
+    """The mods with their tables as arrays the binding reads (a list of slopes becomes float64)."""
     out = []
     for m in mods:
-        if not isinstance(m, tuple) or not m:
-            raise TypeError(f"each mod must be a tuple like ('mul', c), got {m!r}")
-        if (
-            m[0] in ("alibi", "relbias")
-            and len(m) >= 2
-            and not hasattr(m[1], "__dlpack__")
-            and not isinstance(m[1], np.ndarray)
-        ):
-            m = (m[0], np.asarray(m[1], dtype=np.float64), *m[2:])
+        if not isinstance(m, KernelMod):
+            raise TypeError(f"each mod must be a qkv._native.KernelMod, got {m!r}")
+        if m.positional and not hasattr(m.table, "__dlpack__") and not isinstance(m.table, np.ndarray):
+            m = m._replace(table=np.asarray(m.table, dtype=np.float64))
         out.append(m)
     return tuple(out)
 
@@ -163,7 +171,7 @@ def forward(
     rows: Any = None,
     bitmap_index: Any = None,
     bitmaps: Any = None,
-    mods: Sequence[tuple[Any, ...]] = (),
+    mods: Sequence[KernelMod] = (),
     bias: Any = None,
     dropout_p: float = 0.0,
     seed: int = 0,
@@ -173,7 +181,8 @@ def forward(
     for the argument layouts). Returns ``(rows that attended a non-finite input, rows whose finite
     inputs overflowed)``: both kinds are written as NaN with ``lse`` NaN; the caller raises for
     the second (``_native/finite.hpp``)."""
-    return _need().forward(
+    _need()
+    return _ext.forward(
         _dl(q),
         _dl(k),
         _dl(v),
@@ -209,7 +218,7 @@ def backward(
     rows: Any = None,
     bitmap_index: Any = None,
     bitmaps: Any = None,
-    mods: Sequence[tuple[Any, ...]] = (),
+    mods: Sequence[KernelMod] = (),
     bias: Any = None,
     dropout_p: float = 0.0,
     seed: int = 0,
@@ -219,7 +228,8 @@ def backward(
     (float32; float64 for float64 inputs), recomputed from ``q, k, v, out, lse``. A row that
     sends NaN (its forward was NaN, or its q / dO is not finite) sends it along its attended
     edges only. Returns the counts as ``forward`` does."""
-    return _need().backward(
+    _need()
+    return _ext.backward(
         _dl(q),
         _dl(k),
         _dl(v),
@@ -251,7 +261,8 @@ def philox_keep(seed: int, b: int, h: int, i0: int, i1: int, j0: int, j1: int, p
     if i1 < i0 or j1 < j0:
         raise ValueError(f"philox_keep: need i0 <= i1 and j0 <= j1, got [{i0}, {i1}) x [{j0}, {j1})")
     keep = np.empty((int(i1) - int(i0), int(j1) - int(j0)), dtype=bool)
-    _need().philox_keep_into(keep, int(seed) & 0xFFFFFFFFFFFFFFFF, int(b), int(h), int(i0), int(j0), float(p))
+    _need()
+    _ext.philox_keep_into(keep, int(seed) & 0xFFFFFFFFFFFFFFFF, int(b), int(h), int(i0), int(j0), float(p))
     return keep
 
 
@@ -261,9 +272,11 @@ __all__ = [
     "DECODE_MAX_NQ",
     "EMPTY",
     "FULL",
+    "KernelMod",
     "LANES",
     "MAX_THREADS",
     "PARTIAL",
+    "ModKind",
     "available",
     "backward",
     "forward",

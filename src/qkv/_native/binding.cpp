@@ -289,36 +289,39 @@ void check_options(KernelCall& c, double scale, const nb::object& tile_class, co
     P.bias = strided4(b);
     P.has_bias = true;
   }
-  if (!nb::isinstance<nb::sequence>(mods)) type_error("mods must be a sequence of tuples (name, ...)");
+  // Each mod is a qkv._native.KernelMod, a tuple (kind, c, table, m): kind a ModKind, c the constant of
+  // MUL / SOFTCAP, table the slopes of ALIBI or the table of RELBIAS, m RELBIAS's clip radius M.
+  if (!nb::isinstance<nb::sequence>(mods)) type_error("mods must be a sequence of qkv._native.KernelMod");
   nb::sequence ms = nb::borrow<nb::sequence>(mods);
   const size_t nm = nb::len(ms);
   if (nm > size_t(kMaxMods)) value_error("at most " + std::to_string(kMaxMods) + " mods, got " + std::to_string(nm));
   c.tables.reserve(nm);
+  static const char* const kModNames[] = {"mul", "softcap", "alibi", "relbias"};  // ModKind order
   for (size_t x = 0; x < nm; ++x) {
     nb::object item = ms[x];
-    if (!nb::isinstance<nb::tuple>(item) || nb::len(item) < 2 ||
-        !nb::isinstance<nb::str>(nb::borrow<nb::tuple>(item)[0]))
-      type_error("mods[" + std::to_string(x) + "] must be a tuple (name, ...) with a str name, got " +
+    if (!nb::isinstance<nb::tuple>(item) || nb::len(item) != 4 ||
+        !nb::isinstance<nb::int_>(nb::borrow<nb::tuple>(item)[0]))
+      type_error("mods[" + std::to_string(x) + "] must be a qkv._native.KernelMod (kind, c, table, m), got " +
                  nb::cast<std::string>(nb::repr(item)));
     nb::tuple t = nb::borrow<nb::tuple>(item);
-    const std::string name = nb::cast<std::string>(t[0]);
+    const int64_t kind = nb::cast<int64_t>(t[0]);
+    if (kind < MOD_MUL || kind > MOD_RELBIAS)
+      value_error("mods[" + std::to_string(x) + "]: unknown mod kind " + std::to_string(kind) +
+                  "; expected a ModKind (MUL, SOFTCAP, ALIBI or RELBIAS)");
     Mod& m = P.mods[x];
-    const std::string where = "mods[" + std::to_string(x) + "] (" + name + ")";
-    if (name == "mul" || name == "softcap") {
-      if (nb::len(t) != 2) value_error(where + (name == "mul" ? " must be (\"mul\", c)" : " must be (\"softcap\", c)"));
-      m.kind = name == "mul" ? MOD_MUL : MOD_SOFTCAP;
+    m.kind = int(kind);
+    const std::string where = "mods[" + std::to_string(x) + "] (" + kModNames[kind] + ")";
+    if (m.kind == MOD_MUL || m.kind == MOD_SOFTCAP) {
       m.c = number(t[1], where + ": c");
       if (!std::isfinite(m.c) || (m.kind == MOD_SOFTCAP && !(m.c > 0)))
         value_error(where + ": c must be finite" + (m.kind == MOD_SOFTCAP ? std::string(" and > 0") : std::string()));
-    } else if (name == "alibi" || name == "relbias") {
-      const bool alibi = name == "alibi";
-      if (nb::len(t) != (alibi ? 2u : 3u))
-        value_error(where + (alibi ? " must be (\"alibi\", slopes)" : " must be (\"relbias\", table, M)"));
-      In a = as_array(t[1], "mods table");
+      if (!t[2].is_none()) value_error(where + ": takes no table");
+    } else {
+      const bool alibi = m.kind == MOD_ALIBI;
+      In a = as_array(t[2], "mods table");
       keep.push_back(a);
       DType tdt;
       if (!float_dtype(a.dtype(), tdt)) type_error(where + ": table must be float, got " + dtype_name(a.dtype()));
-      m.kind = alibi ? MOD_ALIBI : MOD_RELBIAS;
       int64_t nb_ = 1, nh = 0, width = 1;
       if (alibi) {
         if (a.ndim() == 1)
@@ -331,8 +334,8 @@ void check_options(KernelCall& c, double scale, const nb::object& tile_class, co
         if (!(nb_ == 1 || nb_ == P.B))
           value_error(where + ": slopes axis 0 must be 1 or B=" + std::to_string(P.B) + ", got " + shape_str(a));
       } else {
-        if (!nb::isinstance<nb::int_>(t[2])) type_error(where + ": M must be an int");
-        m.m = nb::cast<int64_t>(t[2]);
+        if (!nb::isinstance<nb::int_>(t[3])) type_error(where + ": M must be an int");
+        m.m = nb::cast<int64_t>(t[3]);
         if (m.m < 0) value_error(where + ": M must be >= 0, got " + std::to_string(m.m));
         if (a.ndim() != 2) value_error(where + ": table must be (Hm, 2M+1), got shape " + shape_str(a));
         nh = int64_t(a.shape(0));
@@ -391,8 +394,6 @@ void check_options(KernelCall& c, double scale, const nb::object& tile_class, co
         m.tb_b = 0;
         m.tb_h = nh == 1 ? 0 : width;
       }
-    } else {
-      value_error(where + ": unknown mod; expected mul, softcap, alibi or relbias");
     }
   }
   P.n_mods = int(nm);
@@ -537,23 +538,35 @@ NB_MODULE(_ext, m) {  // NOLINT(cppcoreguidelines-pro-type-cstyle-cast): nanobin
   m.attr("LANES") = kLanes;
   m.attr("BLOCK_Q") = kBlockQ;
   m.attr("BLOCK_K") = kBlockK;
+  // The score mods the kernel runs (mods.hpp); qkv._native._facts.ModKind is generated from this.
+  nb::enum_<ModKind>(m, "ModKind", nb::is_arithmetic())
+      .value("MUL", MOD_MUL)
+      .value("SOFTCAP", MOD_SOFTCAP)
+      .value("ALIBI", MOD_ALIBI)
+      .value("RELBIAS", MOD_RELBIAS);
   m.def("isa", [] { return std::string(current()->name); });
   m.def("isas", [] {
     std::vector<std::string> r;
     for (const KernelTable* t : runnable()) r.emplace_back(t->name);
     return r;
   });
-  m.def("set_isa", [](const std::string& name) {
-    const KernelTable* t = find_table(name.c_str());
-    if (!t) value_error("ISA path '" + name + "' cannot run on this CPU (or was not compiled)");
-    set_current(t);
-  });
-  m.def("tile_shape", [](int64_t nq, int64_t nk, int64_t dk, int64_t dv, const std::string& dtype) {
-    if (nq < 1 || nk < 1 || dk < 1 || dv < 1) value_error("tile_shape: sizes must be >= 1");
-    if (dtype != "float32" && dtype != "float64" && dtype != "float16" && dtype != "bfloat16")
-      value_error("tile_shape: dtype must be float32, float64, float16 or bfloat16, got " + dtype);
-    return std::make_tuple(int64_t(nq <= kDecodeMaxNq ? kDecodeMaxNq : kBlockQ), int64_t(kBlockK));
-  });
+  m.def(
+      "set_isa",
+      [](const std::string& name) {
+        const KernelTable* t = find_table(name.c_str());
+        if (!t) value_error("ISA path '" + name + "' cannot run on this CPU (or was not compiled)");
+        set_current(t);
+      },
+      nb::arg("name"));
+  m.def(
+      "tile_shape",
+      [](int64_t nq, int64_t nk, int64_t dk, int64_t dv, const std::string& dtype) {
+        if (nq < 1 || nk < 1 || dk < 1 || dv < 1) value_error("tile_shape: sizes must be >= 1");
+        if (dtype != "float32" && dtype != "float64" && dtype != "float16" && dtype != "bfloat16")
+          value_error("tile_shape: dtype must be float32, float64, float16 or bfloat16, got " + dtype);
+        return std::make_tuple(int64_t(nq <= kDecodeMaxNq ? kDecodeMaxNq : kBlockQ), int64_t(kBlockK));
+      },
+      nb::arg("nq"), nb::arg("nk"), nb::arg("dk"), nb::arg("dv"), nb::arg("dtype"));
   m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::kw_only(),
         nb::arg("scale"), nb::arg("tile_class").none() = nb::none(), nb::arg("rows").none() = nb::none(),
         nb::arg("bitmap_index").none() = nb::none(), nb::arg("bitmaps").none() = nb::none(),
@@ -565,7 +578,8 @@ NB_MODULE(_ext, m) {  // NOLINT(cppcoreguidelines-pro-type-cstyle-cast): nanobin
         nb::arg("rows").none() = nb::none(), nb::arg("bitmap_index").none() = nb::none(),
         nb::arg("bitmaps").none() = nb::none(), nb::arg("mods") = nb::tuple(), nb::arg("bias").none() = nb::none(),
         nb::arg("dropout_p") = 0.0, nb::arg("seed") = 0, nb::arg("threads") = 1);
-  m.def("philox_keep_into", &philox_keep_into);
+  m.def("philox_keep_into", &philox_keep_into, nb::arg("keep"), nb::arg("seed"), nb::arg("b"), nb::arg("h"),
+        nb::arg("i0"), nb::arg("j0"), nb::arg("p"));
   m.def("_microbench", [](int kind, int64_t reps) {
     if (kind < 0 || kind > 4 || reps < 1) value_error("_microbench(kind in 0..4, reps >= 1)");
     const KernelTable* t = current();

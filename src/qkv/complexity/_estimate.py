@@ -80,15 +80,16 @@ def _native_peak(
     lanes: int, kv_lanes: int, nq: int, nk: int, dk: int, dv: int, bk: int, c: int, s: int, bits: int, backward: bool
 ) -> int:
     """Peak bytes of the compiled engine (``src/qkv/_native``): per thread, one key tile of K and V
-    widened to the compute type plus 16-row score and accumulator strips; ``lse``; a PARTIAL
+    widened to the compute type plus ``LANES``-row score and accumulator strips; ``lse``; a PARTIAL
     tile's bit per cell when the mask has no row intervals. Backward adds ``D = rowsum(dO∘O)``,
     one dQ accumulator per extra thread (summed after: deterministic) and, for half precision,
     the compute-type gradients the outputs are cast from."""
     workers = threads()
-    forward = (2 * bk * (dk + dv) + 2 * 16 * bk + 4 * 16 * (dk + dv)) * c
+    g = native.LANES  # rows of a score / accumulator strip
+    forward = (2 * bk * (dk + dv) + 2 * g * bk + 4 * g * (dk + dv)) * c
     if not backward:
         return workers * forward + lanes * nq * c + bits
-    scratch = (4 * bk * (dk + dv) + 2 * 16 * 4 * (dk + dv) + 5 * 16 * bk) * c
+    scratch = (4 * bk * (dk + dv) + 2 * g * 4 * (dk + dv) + 5 * g * bk) * c
     rows = lanes * nq
     peak = workers * scratch + 2 * rows * c + (workers - 1) * rows * dk * c + bits
     if c != s:  # dq, dk, dv accumulate in float32 and are cast to the outputs' dtype

@@ -13,9 +13,8 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_int
+from .._native import EMPTY, FULL, PARTIAL  # the compiled kernel's tile classes (params.hpp)
 from ..errors import MaskError
-
-EMPTY, PARTIAL, FULL = 0, 1, 2
 
 Allowed = Callable[[np.ndarray, np.ndarray, int, int], np.ndarray]
 """``(i, j, nq, nk) -> bool array`` broadcast over the index grids ``i`` and ``j``."""

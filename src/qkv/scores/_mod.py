@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .._backend import from_numpy, is_jax, is_torch, kind, namespace, to_numpy
+from .._native import KernelMod
 from .._typing import Array
 from ..errors import ShapeError
 
@@ -34,7 +35,7 @@ class ScoreMod:
     bias: Callable[[Any, Array, np.ndarray, np.ndarray, int, int], Array] | None = None
     tensors: tuple[Array, ...] = ()  # learnable arrays it closes over (kernels without autograd decline them)
     opaque: bool = False  # a plain function: it may close over tensors only autograd can follow
-    native: tuple[tuple[Any, ...], ...] | None = None  # the compiled kernel's ops for it (None: not expressible)
+    native: tuple[KernelMod, ...] | None = None  # the compiled kernel's ops for it (None: not expressible)
     # position-based mods (alibi, relative_bias): this mod with query row i at key position
     # p = i + shift[..., i] (shift int64 (..., Nq), from a per-sequence mask's ``Mask.align``)
     realign: Callable[[np.ndarray], "ScoreMod"] | None = None
@@ -102,7 +103,7 @@ def additive_mod(
     bias: Callable[[Any, Array, np.ndarray, np.ndarray, int, int], Array],
     name: str,
     tensors: tuple[Array, ...] = (),
-    native: tuple[tuple[Any, ...], ...] | None = None,
+    native: tuple[KernelMod, ...] | None = None,
     realign: Callable[[np.ndarray], ScoreMod] | None = None,
 ) -> ScoreMod:
     def fn(xp, s, i, j, nq, nk):

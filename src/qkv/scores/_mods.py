@@ -7,6 +7,7 @@ import numpy as np
 
 from .._backend import from_numpy, is_torch, is_traced, to_numpy
 from .._checks import check_int
+from .._native import KernelMod, ModKind
 from .._torch import compiling
 from ..errors import ArgumentError, ShapeError
 from ._mod import ScoreMod, additive_mod, heads, is_array, per_head, positions
@@ -80,10 +81,11 @@ def _alibi(slopes: Any, n_heads: int | None, shift: np.ndarray | None) -> ScoreM
     if shift is not None:  # per sequence: the compiled kernel measures from the call's corner only
         return additive_mod(bias, f"{name} per sequence", tensors)
     table = None if slopes is None else slopes if is_array(slopes) else np.asarray(slopes, dtype=np.float64)
-    return additive_mod(bias, name, tensors, (("alibi", table),), lambda sh: _alibi(slopes, n_heads, sh))
+    native = (KernelMod(ModKind.ALIBI, table=table),)
+    return additive_mod(bias, name, tensors, native, lambda sh: _alibi(slopes, n_heads, sh))
 
 
-def kernel_ops(native: tuple[tuple[Any, ...], ...], lead: tuple[int, ...]) -> tuple[tuple[Any, ...], ...]:
+def kernel_ops(native: tuple[KernelMod, ...], lead: tuple[int, ...]) -> tuple[KernelMod, ...]:
     """A mod's compiled-kernel ops (``ScoreMod.native``) for a call whose scores are
     ``(*lead, Nq, Nk)`` (``lead = (*B, H)``, or ``()`` without heads): default ALiBi slopes
     resolved, every table checked against ``H`` (the ``ShapeError`` the reference raises, not
@@ -94,11 +96,11 @@ def kernel_ops(native: tuple[tuple[Any, ...], ...], lead: tuple[int, ...]) -> tu
     *batch, h = lead if lead else (1,)
     out = []
     for op in native:
-        if op[0] == "alibi":
-            t = np.ascontiguousarray(alibi_slopes(h)) if op[1] is None else op[1]
-            op = ("alibi", _per_batch(_heads_checked(t, h, lead, "alibi slopes"), batch, lead))
-        elif op[0] == "relbias":
-            op = ("relbias", _heads_checked(op[1], h, lead, "relative_bias table", axis=0), op[2])
+        if op.kind is ModKind.ALIBI:
+            t = np.ascontiguousarray(alibi_slopes(h)) if op.table is None else op.table
+            op = op._replace(table=_per_batch(_heads_checked(t, h, lead, "alibi slopes"), batch, lead))
+        elif op.kind is ModKind.RELBIAS:
+            op = op._replace(table=_heads_checked(op.table, h, lead, "relative_bias table", axis=0))
         out.append(op)
     return tuple(out)
 
@@ -168,7 +170,7 @@ def _relative_bias(t: Any, m: int, shift: np.ndarray | None) -> ScoreMod:
     tensors = (t,) if is_array(t) else ()
     if shift is not None:
         return additive_mod(bias, f"{name} per sequence", tensors)
-    native: tuple[tuple[str, Any, int], ...] | None = (("relbias", t if t.ndim == 2 else t[None], m),)
+    native: tuple[KernelMod, ...] | None = (KernelMod(ModKind.RELBIAS, table=t if t.ndim == 2 else t[None], m=m),)
     if not is_traced(t) and not compiling() and not np.isfinite(np.asarray(to_numpy(t), dtype=np.float64)).all():
         # a -inf entry hides a distance: the array engine's (the compiled kernel takes finite
         # tables); while torch traces, the values cannot be read: the kernel's own check answers
@@ -186,7 +188,7 @@ def softcap(c: float) -> ScoreMod:
         t = xp.tanh(s / c)
         return c * t, 1 - t * t
 
-    return ScoreMod(fn, f"softcap({c:g})", native=(("softcap", c),))
+    return ScoreMod(fn, f"softcap({c:g})", native=(KernelMod(ModKind.SOFTCAP, c),))
 
 
 def temperature(t: float) -> ScoreMod:
@@ -198,4 +200,4 @@ def temperature(t: float) -> ScoreMod:
     def fn(xp, s, i, j, nq, nk):
         return s / t, 1.0 / t
 
-    return ScoreMod(fn, f"temperature({t:g})", native=(("mul", 1.0 / t),))
+    return ScoreMod(fn, f"temperature({t:g})", native=(KernelMod(ModKind.MUL, 1.0 / t),))
