@@ -1,0 +1,125 @@
+// The AVX-512 F/BW/DQ/VL vector types and operations of microkernel.hpp and the tile loops, shared
+// by kernels_avx512.cpp and kernels_avx512bf16.cpp (each includes it inside its own QKV_NS).
+// 16 lanes = one zmm for float, two for double; masks are k-registers.
+#pragma once
+#include <immintrin.h>
+
+#include <cmath>
+
+#include "params.hpp"
+
+namespace qkv_native {
+inline namespace QKV_NS {
+
+struct VF {
+  __m512 a;
+};
+struct MF {
+  __mmask16 a;
+};
+struct VD {
+  __m512d a, b;
+};
+struct MD {
+  __mmask8 a, b;
+};
+// 12 rows x 1 zmm = 12 float accumulators (the broadcast folds into the FMA as {1to16});
+// 6 rows x 2 zmm = 12 for double.
+constexpr int NR_F = 12;
+constexpr int NR_D = 6;
+
+template <class V>
+static inline V vzero();
+template <class V, class S>
+static inline V vset1(S x);
+template <>
+inline VF vzero<VF>() {
+  return {_mm512_setzero_ps()};
+}
+template <>
+inline VF vset1<VF, float>(float x) {
+  return {_mm512_set1_ps(x)};
+}
+template <>
+inline VD vzero<VD>() {
+  return {_mm512_setzero_pd(), _mm512_setzero_pd()};
+}
+template <>
+inline VD vset1<VD, double>(double x) {
+  const __m512d v = _mm512_set1_pd(x);
+  return {v, v};
+}
+
+static inline VF vload(const float* p) { return {_mm512_loadu_ps(p)}; }
+static inline void vstore(float* p, VF x) { _mm512_storeu_ps(p, x.a); }
+static inline VF vadd(VF x, VF y) { return {_mm512_add_ps(x.a, y.a)}; }
+static inline VF vsub(VF x, VF y) { return {_mm512_sub_ps(x.a, y.a)}; }
+static inline VF vmul(VF x, VF y) { return {_mm512_mul_ps(x.a, y.a)}; }
+static inline VF vmax(VF x, VF y) { return {_mm512_max_ps(x.a, y.a)}; }
+static inline VF vfma(VF x, VF y, VF z) { return {_mm512_fmadd_ps(x.a, y.a, z.a)}; }
+static inline MF vlt(VF x, VF y) { return {_mm512_cmp_ps_mask(x.a, y.a, _CMP_LT_OQ)}; }
+static inline MF vle(VF x, VF y) { return {_mm512_cmp_ps_mask(x.a, y.a, _CMP_LE_OQ)}; }
+static inline MF veq(VF x, VF y) { return {_mm512_cmp_ps_mask(x.a, y.a, _CMP_EQ_OQ)}; }
+static inline MF vand(MF x, MF y) { return {__mmask16(x.a & y.a)}; }
+static inline VF vsel(MF m, VF x, VF y) { return {_mm512_mask_blend_ps(m.a, y.a, x.a)}; }
+static inline float vhsum(VF x) { return _mm512_reduce_add_ps(x.a); }
+
+// 2^x: as the AVX2 path (degree-6 fit on |f| <= 1/2), with scalef for the 2^n factor. NaN stays
+// NaN (finite.hpp reads a NaN row sum): the compare is unordered-true and max / min return their
+// second operand, x, when it is NaN.
+static inline VF vexp2(VF v) {
+  const __m512 lo = _mm512_set1_ps(-125.0f);
+  const __mmask16 ok = _mm512_cmp_ps_mask(v.a, lo, _CMP_NLT_UQ);
+  const __m512 x = _mm512_min_ps(_mm512_set1_ps(127.0f), _mm512_max_ps(lo, v.a));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(0.00015332507609855384f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0013394701527431607f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.009618490934371948f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.055503424257040024f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022647738456726f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471824645996f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return {_mm512_maskz_scalef_ps(ok, p, n)};
+}
+
+static inline VD vload(const double* p) { return {_mm512_loadu_pd(p), _mm512_loadu_pd(p + 8)}; }
+static inline void vstore(double* p, VD x) {
+  _mm512_storeu_pd(p, x.a);
+  _mm512_storeu_pd(p + 8, x.b);
+}
+static inline VD vadd(VD x, VD y) { return {_mm512_add_pd(x.a, y.a), _mm512_add_pd(x.b, y.b)}; }
+static inline VD vsub(VD x, VD y) { return {_mm512_sub_pd(x.a, y.a), _mm512_sub_pd(x.b, y.b)}; }
+static inline VD vmul(VD x, VD y) { return {_mm512_mul_pd(x.a, y.a), _mm512_mul_pd(x.b, y.b)}; }
+static inline VD vmax(VD x, VD y) { return {_mm512_max_pd(x.a, y.a), _mm512_max_pd(x.b, y.b)}; }
+static inline VD vfma(VD x, VD y, VD z) { return {_mm512_fmadd_pd(x.a, y.a, z.a), _mm512_fmadd_pd(x.b, y.b, z.b)}; }
+static inline MD vlt(VD x, VD y) {
+  return {_mm512_cmp_pd_mask(x.a, y.a, _CMP_LT_OQ), _mm512_cmp_pd_mask(x.b, y.b, _CMP_LT_OQ)};
+}
+static inline MD vle(VD x, VD y) {
+  return {_mm512_cmp_pd_mask(x.a, y.a, _CMP_LE_OQ), _mm512_cmp_pd_mask(x.b, y.b, _CMP_LE_OQ)};
+}
+static inline MD veq(VD x, VD y) {
+  return {_mm512_cmp_pd_mask(x.a, y.a, _CMP_EQ_OQ), _mm512_cmp_pd_mask(x.b, y.b, _CMP_EQ_OQ)};
+}
+static inline MD vand(MD x, MD y) { return {__mmask8(x.a & y.a), __mmask8(x.b & y.b)}; }
+static inline VD vsel(MD m, VD x, VD y) {
+  return {_mm512_mask_blend_pd(m.a, y.a, x.a), _mm512_mask_blend_pd(m.b, y.b, x.b)};
+}
+static inline double vhsum(VD x) { return _mm512_reduce_add_pd(_mm512_add_pd(x.a, x.b)); }
+static inline VD vexp2(VD x) {  // float64: correctness over speed
+  alignas(64) double t[16];
+  vstore(t, x);
+  for (int i = 0; i < 16; ++i) t[i] = std::exp2(t[i]);
+  return vload(t);
+}
+
+static inline void cvt_f16_row(const uint16_t* s, float* d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))));
+  for (; i < n; ++i) d[i] = _cvtsh_ss(s[i]);
+}
+
+}  // namespace QKV_NS
+}  // namespace qkv_native
