@@ -104,7 +104,8 @@ def _need() -> Any:
 
 
 def isa() -> str:
-    """The instruction-set path in use: "avx512", "avx2", "neon" (arm64) or "portable"."""
+    """The instruction-set path in use: "avx512bf16" (avx512 plus vdpbf16ps for bfloat16 inputs),
+    "avx512", "avx2", "neon" (arm64) or "portable"."""
     _need()
     return _ext.isa()
 

@@ -277,6 +277,7 @@ struct FwdBufs {
 // It leaves m, l (S.ml) and O^T (S.ot) of each lane group, and their flags in fl, for fwd_finish.
 // Kept free of everything else: cold code in this function (a row check, a call) measured 5-9%
 // slower dense forward, the loops' code being sensitive to what shares their function.
+// kernels_avx512bf16.cpp specializes it for bf16_t (vdpbf16ps): keep the signature in step.
 template <class T>
 __attribute__((noinline)) static void fwd_rowset(const Params& P, FwdBufs<T>& S, const LaneGroup* lgs, int nlg,
                                                  int64_t ka, int64_t kz, uint8_t (*fl)[kLanes]) {

@@ -19,6 +19,9 @@ extern const KernelTable kTableAvx2;
 #ifdef QKV_HAVE_AVX512
 extern const KernelTable kTableAvx512;
 #endif
+#ifdef QKV_HAVE_AVX512BF16
+extern const KernelTable kTableAvx512Bf16;
+#endif
 #ifdef QKV_HAVE_NEON
 extern const KernelTable kTableNeon;
 #endif
@@ -100,7 +103,15 @@ ParallelFn parallel_fn() { return &parallel; }
 
 // ------------------------------------------------------------------ ISA selection
 
+// QKV_NATIVE_HIDE="avx512bf16,avx2" makes the listed paths (and those needing them) unsupported, as on
+// a CPU without them: the tests of the selection logic run on any machine.
+static bool hidden(const char* isa) {
+  const char* env = std::getenv("QKV_NATIVE_HIDE");
+  return env && (std::string(",") + env + ",").find(std::string(",") + isa + ",") != std::string::npos;
+}
+
 static bool cpu_has(const char* isa) {
+  if (hidden(isa)) return false;
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   if (!std::strcmp(isa, "avx2"))
@@ -109,6 +120,7 @@ static bool cpu_has(const char* isa) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c") &&
            __builtin_cpu_supports("fma");
+  if (!std::strcmp(isa, "avx512bf16")) return cpu_has("avx512") && __builtin_cpu_supports("avx512bf16");
 #endif
 #if defined(__aarch64__)
   if (!std::strcmp(isa, "neon")) return true;  // Advanced SIMD is part of every AArch64 CPU
@@ -118,6 +130,9 @@ static bool cpu_has(const char* isa) {
 
 std::vector<const KernelTable*> runnable() {
   std::vector<const KernelTable*> r;
+#ifdef QKV_HAVE_AVX512BF16
+  if (cpu_has("avx512bf16")) r.push_back(&kTableAvx512Bf16);  // avx512 plus vdpbf16ps for bf16
+#endif
 #ifdef QKV_HAVE_AVX512
   if (cpu_has("avx512")) r.push_back(&kTableAvx512);
 #endif
