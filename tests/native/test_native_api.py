@@ -14,7 +14,7 @@ def test_available_and_paths():
     assert native.available() and native.reason() == ""
     assert native.isas()[-1] == "portable"
     assert native.isa() == native.isas()[0]  # the best path is the default
-    assert set(native.isas()) <= {"avx512", "avx2", "portable"}
+    assert set(native.isas()) <= {"avx512bf16", "avx512", "avx2", "portable"}
     flags = ""
     if os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo") as f:
@@ -23,6 +23,8 @@ def test_available_and_paths():
         assert "avx2" in native.isas()
     if " avx512f " not in flags:
         assert "avx512" not in native.isas()
+    if " avx512_bf16 " not in flags:
+        assert "avx512bf16" not in native.isas()
 
 
 def test_use_isa_forces_and_restores():
