@@ -146,14 +146,14 @@ static void p_pairs(float* st, int64_t jn) {
 // V rows [j0, j0 + jn) -> vp[p][d] = (v[2p][d], v[2p+1][d]); rows marked bad (non-finite) and the
 // row past an odd jn as zeros.
 static void pack_v(const uint16_t* v, int64_t ldv, int64_t jn, int64_t Dv, const TileRows& bad, uint32_t* vp) {
+  const __m256i zero = _mm256_setzero_si256();
   for (int64_t p = 0; 2 * p < jn; ++p) {
     const int64_t j = 2 * p;
-    const uint16_t* r0 = (bad.any && bad.bad[j]) ? nullptr : v + j * ldv;
-    const uint16_t* r1 = (j + 1 >= jn || (bad.any && bad.bad[j + 1])) ? nullptr : v + (j + 1) * ldv;
+    const bool z0 = bad.any && bad.bad[j], z1 = j + 1 >= jn || (bad.any && bad.bad[j + 1]);
     for (int64_t d = 0; d < Dv; d += kLanes) {
       const __mmask16 mk = Dv - d >= kLanes ? __mmask16(0xffff) : __mmask16((1u << (Dv - d)) - 1u);
-      const __m256i a = r0 ? _mm256_maskz_loadu_epi16(mk, r0 + d) : _mm256_setzero_si256();
-      const __m256i b = r1 ? _mm256_maskz_loadu_epi16(mk, r1 + d) : _mm256_setzero_si256();
+      const __m256i a = z0 ? zero : _mm256_maskz_loadu_epi16(mk, v + j * ldv + d);
+      const __m256i b = z1 ? zero : _mm256_maskz_loadu_epi16(mk, v + (j + 1) * ldv + d);
       const __m512i x = _mm512_or_si512(_mm512_cvtepu16_epi32(a), _mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
       _mm512_mask_storeu_epi32(vp + p * Dv + d, mk, x);
     }
@@ -262,14 +262,13 @@ __attribute__((noinline)) void fwd_rowset<bf16_t>(const Params& P, FwdBufs<bf16_
 
 namespace qkv_native {
 extern const KernelTable kTableAvx512;
-
-namespace avx512bf16 {
+inline namespace QKV_NS {
 static bool forward_bf16(const Params& P) {
   return P.dtype == DType::bf16 ? forward_impl<bf16_t>(P) : kTableAvx512.forward(P);
 }
 static bool backward_bf16(const Params& P) { return kTableAvx512.backward(P); }
 static double microbench_bf16(int kind, int64_t reps) { return kTableAvx512.microbench(kind, reps); }
-}  // namespace avx512bf16
+}  // namespace QKV_NS
 
 extern const KernelTable kTableAvx512Bf16 = {"avx512bf16", &avx512bf16::forward_bf16, &avx512bf16::backward_bf16,
                                              &avx512bf16::microbench_bf16};
