@@ -14,7 +14,9 @@
 //                 its P V matmul on GPUs, arXiv:2307.08691), the tile's sum added compensated.
 // An odd Dk or an odd key count ends with a half pair whose missing half is 0 in both operands.
 // The softmax, its statistics, masks, mods and the output are those of every other path (float32).
-// vdpbf16ps treats bf16 subnormals (|x| < 1.2e-38) as zero; the widening path does not.
+// vdpbf16ps treats bf16 subnormals (|x| < 1.2e-38) as zero; the widening path does not. And since
+// the scale comes after the dot product, |q.k| beyond float32's range (3.4e38) is reported as an
+// overflow (finite.hpp) even where |q.k| * scale would have fitted.
 //
 // Everything else (float32, float64, float16, the backward pass) is the avx512 path's own code:
 // this table forwards those calls to kTableAvx512.
