@@ -14,7 +14,7 @@ def test_available_and_paths():
     assert native.available() and native.reason() == ""
     assert native.isas()[-1] == "portable"
     assert native.isa() == native.isas()[0]  # the best path is the default
-    assert set(native.isas()) <= {"avx512bf16", "avx512", "avx2", "portable"}
+    assert set(native.isas()) <= {"avx512bf16", "avx512", "avx2", "neon", "portable"}
     flags = ""
     if os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo") as f:
