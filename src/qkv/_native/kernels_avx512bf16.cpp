@@ -197,9 +197,12 @@ __attribute__((noinline)) static void dirty_tile_bf16(const Params& P, const Lan
 
 // ------------------------------------------------------------------ the tile loop
 
-// attention_fwd.hpp's fwd_rowset for bf16 inputs, step for step, with the two matmuls above. The
-// scratch is FwdBufs<bf16_t> (float32 buffers) holding bf16 layouts, which are never larger:
-// qt: Q^T pairs, kc: a cleaned K copy, vc: the V pairs, st: S^T then P^T pairs in place.
+// attention_fwd.hpp's fwd_rowset for bf16 inputs, with the two matmuls above. Not yet ported: the
+// float loop's exact key spans per pair of lane groups and its shared broadcasts (gemm16x2); this
+// loop reads whole tiles of [ka, kz) and masks inside them (classify), so dense work is at full
+// speed but a narrow band (window, diagonal) spends more of its time on masked keys. The scratch is
+// FwdBufs<bf16_t> (float32 buffers) holding bf16 layouts, which are never larger: qt: Q^T pairs,
+// kc: a cleaned K copy, vc: the V pairs, st: S^T then P^T pairs in place.
 template <>
 __attribute__((noinline)) void fwd_rowset<bf16_t>(const Params& P, FwdBufs<bf16_t>& S, const LaneGroup* lgs, int nlg,
                                                   int64_t ka, int64_t kz, uint8_t (*fl)[kLanes]) {
