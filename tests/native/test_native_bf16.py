@@ -18,6 +18,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from _native_helpers import kernel_mods
 from _native_reference import dense_allowed
 from _native_reference import forward as ref_forward
 
@@ -191,7 +192,7 @@ def test_classes_bitmaps_bias_and_mods(isa, rng):
     allowed = dense_allowed(2, 2, nq, nk, bq, bk, tile_class=tc, bitmap_index=bi, bitmaps=bitmaps)
     bias = rng.standard_normal((1, 2, nq, nk)).astype(np.float32)
     mods = [("softcap", 5.0), ("alibi", np.array([0.1, 0.3]))]
-    kw = dict(tile_class=tc, bitmap_index=bi, bitmaps=bitmaps, bias=bias, mods=tuple(mods))
+    kw = dict(tile_class=tc, bitmap_index=bi, bitmaps=bitmaps, bias=bias, mods=kernel_mods(mods))
     out, lse, _ = forward(q, k, v, **kw)
     gold, gl = oracle(q, k, v, allowed=allowed, bias=bias.astype(np.float64), mods=mods)
     assert_within_contract(out, lse, gold, gl, v)
