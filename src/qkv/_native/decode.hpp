@@ -2,110 +2,445 @@
 //
 // All H/Hkv query heads of a kv head are stacked into one row set ((h, i) rows, h-major), so K and
 // V are read once per kv head however many query heads share them (grouped-query attention: no
-// K/V copy, no repeat). With fewer row sets than threads the key range is split into contiguous,
-// tile-aligned parts; each part leaves a partial (m, l, O) and the parts are merged by their
-// log-sum-exp in a fixed order (deterministic for a given thread count).
+// K/V copy, no repeat). The key range of every row set is cut at fixed, tile-aligned points into
+// as many parts as make the work items a multiple of the thread count (every thread gets the same
+// number of equal items); each part leaves a partial (m, l, O) and the parts are merged by their
+// log-sum-exp in a fixed order: the result depends on the thread count, never on the scheduling.
 //
-// With at most 8 rows, the wide layout (16 queries across the lanes) would waste most of its
-// lanes, so the "thin" path puts Dk / Dv across the lanes instead: S = one dot product per
-// (key, row) finished by a horizontal sum, and O rows += P * V rows. Memory-bound either way:
-// each K/V byte is used by every row of the set while it is in L1.
+// With at most 8 rows (the "thin" path: one query of up to 8 grouped heads, the common decode
+// step) the kernel is a streaming read of K and V and everything else must hide under it:
+//   - keys across lanes: S for 16 keys of one row comes from 16 accumulators of vertical FMAs over
+//     d, folded by one transposing reduction (vsum16: 15 adds, ~30 shuffles for 16 keys) instead
+//     of a horizontal sum per (key, row); the softmax then runs on 16 keys per vector.
+//     (Transposing the K tile instead costs ~64 shuffles per 16 keys x 16 d, shared by the rows:
+//     more than the reduction below 8 rows.)
+//   - K and V are read in their own dtype (bf16 / fp16 widened in registers: half the bytes of a
+//     float copy) wherever a tile is FULL and unbiased (the bulk of a decode step), with a software
+//     prefetch kDecodePrefetch keys ahead; other tiles (mask edges, bias, odd Dk / Dv) take a
+//     widened, cleaned copy (finite.hpp) and the general softmax step (softmax_tile).
+// Above 8 rows the wide layout (fwd_rowset: 16 rows across the lanes) is used as in prefill.
 #pragma once
+#include <type_traits>
+
 #include "attention_fwd.hpp"
 
 namespace qkv_native {
 inline namespace QKV_NS {
 
 constexpr int kThinMaxRows = 8;
+// Keys read ahead by software prefetch (K in the score pass, V in the P.V pass).
+// (32 and 64 measured alike within the noise of a shared machine; 0 no better.)
+constexpr int64_t kDecodePrefetch = 64;
+// A decode call reading fewer K+V bytes runs on the calling thread: waking the pool (~10 us)
+// would cost more than the read it shares.
+constexpr int64_t kDecodeSerialBytes = int64_t(1) << 17;
+// Keys of one P.V pass: their V rows stay in L1 across the passes over Dv.
+constexpr int64_t kPvKeys = 32;
 
-// One lane group of <= 8 rows against keys [ka, kz): thin layout. Same results as fwd_rowset, and
-// as it, the tile loop alone (thin_finish writes the rows): cold code here slows the loop.
+// ------------------------------------------------------------------ vector helpers
+// Generic versions; an ISA translation unit may define non-template overloads (preferred).
+
+// Lane j of the result = the sum of the 16 lanes of a[j].
+template <class V>
+static inline V vsum16(const V* a) {
+  using C = std::conditional_t<std::is_same_v<V, VF>, float, double>;
+  alignas(64) C t[kLanes], r[kLanes];
+  for (int j = 0; j < kLanes; ++j) {
+    vstore(t, a[j]);
+    C s = 0;
+    for (int i = 0; i < kLanes; ++i) s += t[i];
+    r[j] = s;
+  }
+  return vload(r);
+}
+template <class U>
+static inline VF vload_bf16(const U* p) {
+  alignas(64) float t[kLanes];
+  for (int i = 0; i < kLanes; ++i) t[i] = bits_to_float(uint32_t(p[i]) << 16);
+  return vload(t);
+}
+template <class U>
+static inline VF vload_f16(const U* p) {
+  alignas(64) float t[kLanes];
+  cvt_f16_row(p, t, kLanes);
+  return vload(t);
+}
+
+// 16 values of a K / V row in its storage type, widened to the compute type in registers.
+template <class E>
+static inline typename VecOf<typename Compute<E>::type>::V vload_kv(const E* p) {
+  if constexpr (std::is_same_v<E, bf16_t>)
+    return vload_bf16(reinterpret_cast<const uint16_t*>(p));
+  else if constexpr (std::is_same_v<E, f16_t>)
+    return vload_f16(reinterpret_cast<const uint16_t*>(p));
+  else
+    return vload(p);
+}
+
+template <class E>
+static inline void prefetch_rows(const E* p, int64_t ld, int64_t rows, int64_t D) {
+  const int64_t bytes = D * int64_t(sizeof(E));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t x = 0; x < bytes; x += 64) __builtin_prefetch(reinterpret_cast<const char*>(p + r * ld) + x, 0, 3);
+}
+
+// ------------------------------------------------------------------ scratch of the thin path
+
+template <class C>
+struct DecBufs {
+  C *qr, *orow, *oc, *tsum, *sc, *st, *addt, *kc, *vc, *ml;
+  int64_t dkp, dvp, lds;
+  static size_t bytes(const Params& P) {
+    const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes), lds = round_up(P.bk, kLanes);
+    const int64_t n = kThinMaxRows;
+    const int64_t e = n * dkp + 3 * n * dvp + n * lds + 2 * P.bk * kLanes + P.bk * (dkp + dvp) + 8 * kLanes;
+    return size_t(e) * sizeof(C) + 16 * 64;
+  }
+  void carve(const Params& P, char* p) {
+    Carver c{p};
+    dkp = round_up(P.Dk, kLanes);
+    dvp = round_up(P.Dv, kLanes);
+    lds = round_up(P.bk, kLanes);
+    qr = c.take<C>(kThinMaxRows * dkp);
+    orow = c.take<C>(kThinMaxRows * dvp);
+    oc = c.take<C>(kThinMaxRows * dvp);
+    tsum = c.take<C>(kThinMaxRows * dvp);
+    sc = c.take<C>(kThinMaxRows * lds);
+    st = c.take<C>(P.bk * kLanes);
+    addt = c.take<C>(P.bk * kLanes);
+    kc = c.take<C>(P.bk * dkp);
+    vc = c.take<C>(P.bk * dvp);
+    ml = c.take<C>(8 * kLanes);  // m, l, l's carry, alpha, tile max, m used, row sums
+  }
+};
+
+// Per-thread scratch kept across calls (the pool's threads live for the process): no allocation,
+// zeroing or page faults in a decode step's fixed cost.
+struct DecScratch {
+  char* p = nullptr;
+  size_t n = 0;
+  ~DecScratch() { std::free(p); }
+};
+static inline char* decode_scratch(size_t bytes) {
+  static thread_local DecScratch s;
+  if (s.n < bytes) {
+    std::free(s.p);
+    s.n = size_t(round_up(int64_t(bytes), 4096));
+    s.p = static_cast<char*>(std::aligned_alloc(64, s.n));
+    if (!s.p) {
+      s.n = 0;
+      return nullptr;
+    }
+    std::memset(s.p, 0, s.n);
+  }
+  return s.p;
+}
+
+// ------------------------------------------------------------------ the thin tile steps
+
+// Raw scores of rows [0, n) against keys [0, jn) of a tile (rows of K at kp, stride ldk, nck
+// chunks of 16, taken NCQ at a time with q in registers): sc[l * lds + jj], keys across the lanes;
+// lanes past jn hold -inf. probe: s * 0 accumulated (NaN exactly when some score is not finite).
+// Each K row is read front to back at constant offsets from one pointer (a pointer per chunk
+// across 16 rows would need more address registers than x86 has), and acc is only ever indexed
+// by constants: a runtime index puts the 16 accumulators on the stack (measured 3x slower).
+template <int NCQ, class E, class C>
+static inline void dec_scores_t(const E* kp, int64_t ldk, int64_t jn, int64_t nck, const C* qr, int64_t dkp, int n,
+                                C* sc, int64_t lds, int64_t ahead, typename VecOf<C>::V& probe) {
+  using V = typename VecOf<C>::V;
+  const V zero = vzero<V>();
+  for (int64_t jb = 0; jb < jn; jb += kLanes) {
+    const int nb = int(imin(kLanes, jn - jb));
+    const E* kb = kp + jb * ldk;
+    if (ahead > jb) prefetch_rows(kb + kDecodePrefetch * ldk, ldk, imin(kLanes, ahead - jb), nck * kLanes);
+    for (int l = 0; l < n; ++l) {
+      V acc[kLanes];
+#pragma GCC unroll 16
+      for (int jj = 0; jj < kLanes; ++jj) acc[jj] = zero;
+      const C* q = qr + l * dkp;
+      for (int64_t c0 = 0; c0 < nck; c0 += NCQ) {
+        V qv[NCQ];
+#pragma GCC unroll 8
+        for (int c = 0; c < NCQ; ++c) qv[c] = vload(q + (c0 + c) * kLanes);
+#pragma GCC unroll 16
+        for (int jj = 0; jj < kLanes; ++jj) {
+          if (jj >= nb) break;
+          const E* r = kb + jj * ldk + c0 * kLanes;
+#pragma GCC unroll 8
+          for (int c = 0; c < NCQ; ++c) acc[jj] = vfma(vload_kv(r + c * kLanes), qv[c], acc[jj]);
+        }
+      }
+      const V s = vsum16(acc);
+      probe = vfma(s, zero, probe);
+      vstore(sc + l * lds + jb, s);
+      for (int jj = nb; jj < kLanes; ++jj) sc[l * lds + jb + jj] = C(-INFINITY);
+    }
+  }
+}
+
+// dec_scores_t with q's chunks in registers (all of them up to Dk = 128). Returns whether some
+// score is not finite.
+template <class E, class C>
+static inline bool dec_scores(const E* kp, int64_t ldk, int64_t jn, int64_t nck, const C* qr, int64_t dkp, int n, C* sc,
+                              int64_t lds, int64_t ahead) {
+  using V = typename VecOf<C>::V;
+  V probe = vzero<V>();
+  switch (nck) {
+    case 1:
+      dec_scores_t<1>(kp, ldk, jn, nck, qr, dkp, n, sc, lds, ahead, probe);
+      break;
+    case 2:
+      dec_scores_t<2>(kp, ldk, jn, nck, qr, dkp, n, sc, lds, ahead, probe);
+      break;
+    case 3:
+      dec_scores_t<3>(kp, ldk, jn, nck, qr, dkp, n, sc, lds, ahead, probe);
+      break;
+    case 4:
+      dec_scores_t<4>(kp, ldk, jn, nck, qr, dkp, n, sc, lds, ahead, probe);
+      break;
+    case 6:
+      dec_scores_t<6>(kp, ldk, jn, nck, qr, dkp, n, sc, lds, ahead, probe);
+      break;
+    case 8:
+      dec_scores_t<8>(kp, ldk, jn, nck, qr, dkp, n, sc, lds, ahead, probe);
+      break;
+    default:
+      if (nck % 4 == 0)
+        dec_scores_t<4>(kp, ldk, jn, nck, qr, dkp, n, sc, lds, ahead, probe);
+      else
+        dec_scores_t<1>(kp, ldk, jn, nck, qr, dkp, n, sc, lds, ahead, probe);
+  }
+  alignas(64) C pr[kLanes];
+  vstore(pr, probe);
+  bool bad = false;
+  for (int l = 0; l < kLanes; ++l) bad = bad || !(pr[l] == pr[l]);
+  return bad;
+}
+
+// The online-softmax step of a FULL, plain tile (no mods, bias or dropout), keys across lanes:
+// sc rows (log2 units) -> P in place; m, l (compensated) updated per row; alpha per row in ml + 3 kLanes.
+template <class C>
+static inline void dec_softmax_plain(int n, int64_t jn, C* sc, int64_t lds, C* ml) {
+  using V = typename VecOf<C>::V;
+  C* m_run = ml;
+  C* l_run = ml + kLanes;
+  C* lc = ml + 2 * kLanes;
+  C* al = ml + 3 * kLanes;
+  C* tmax = ml + 4 * kLanes;
+  C* mu = ml + 5 * kLanes;
+  C* rs = ml + 6 * kLanes;
+  const V ninf = vset1<V>(C(-INFINITY));
+  const int64_t jv = round_up(jn, kLanes);
+  for (int l = 0; l < kLanes; ++l) tmax[l] = C(-INFINITY);
+  for (int l = 0; l < n; ++l) {
+    V mx = ninf;
+    for (int64_t jb = 0; jb < jv; jb += kLanes) mx = vmax(mx, vload(sc + l * lds + jb));
+    alignas(64) C t[kLanes];
+    vstore(t, mx);
+    C x = t[0];
+    for (int i = 1; i < kLanes; ++i) x = t[i] > x ? t[i] : x;
+    tmax[l] = x;
+  }
+  const V m_old = vload(m_run);
+  const V m_new = vmax(m_old, vload(tmax));
+  // a row with nothing allowed yet keeps m = -inf; subtract 0 instead so exp2 sees -inf, not NaN
+  const V m_use = vsel(veq(m_new, ninf), vzero<V>(), m_new);
+  const V alpha = vexp2(vsub(m_old, m_use));
+  vstore(mu, m_use);
+  for (int l = 0; l < kLanes; ++l) rs[l] = C(0);
+  for (int l = 0; l < n; ++l) {
+    const V m = vset1<V>(mu[l]);
+    V sum = vzero<V>();
+    for (int64_t jb = 0; jb < jv; jb += kLanes) {
+      const V p = vexp2(vsub(vload(sc + l * lds + jb), m));
+      vstore(sc + l * lds + jb, p);
+      sum = vadd(sum, p);
+    }
+    rs[l] = vhsum(sum);
+  }
+  kahan_add(l_run, lc, vload(rs), alpha);
+  vstore(m_run, m_new);
+  vstore(al, alpha);
+}
+
+// tsum rows (ROWS of them) += P V over keys [0, jn) for Dv chunks [c0, c0 + NC): P[r * psl + j * psj].
+template <class E, int ROWS, int NC, class C>
+static inline void pv_block(const E* vp, int64_t ldv, int64_t jn, const C* p, int64_t psl, int64_t psj, C* tsum,
+                            int64_t dvp, int64_t c0) {
+  using V = typename VecOf<C>::V;
+  V acc[ROWS][NC];
+#pragma GCC unroll 8
+  for (int r = 0; r < ROWS; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; ++c) acc[r][c] = vload(tsum + r * dvp + (c0 + c) * kLanes);
+  for (int64_t j = 0; j < jn; ++j) {
+    V v[NC];
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; ++c) v[c] = vload_kv(vp + j * ldv + (c0 + c) * kLanes);
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; ++r) {
+      const V pr = vset1<V>(p[r * psl + j * psj]);
+#pragma GCC unroll 8
+      for (int c = 0; c < NC; ++c) acc[r][c] = vfma(pr, v[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < ROWS; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; ++c) vstore(tsum + r * dvp + (c0 + c) * kLanes, acc[r][c]);
+}
+
+template <class E, int ROWS, class C>
+static inline void pv_rows(const E* vp, int64_t ldv, int64_t jn, const C* p, int64_t psl, int64_t psj, C* tsum,
+                           int64_t dvp) {
+  // accumulators held in registers: 16 of the 32 zmm (AVX-512), the micro-kernel's count elsewhere
+  constexpr int budget = VecOf<C>::NR >= 12 ? 16 : VecOf<C>::NR;
+  constexpr int per = budget / ROWS;
+  const int64_t ncv = dvp / kLanes;
+  int64_t c0 = 0;
+  if constexpr (per >= 8)
+    for (; c0 + 8 <= ncv; c0 += 8) pv_block<E, ROWS, 8>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0);
+  if constexpr (per >= 4)
+    for (; c0 + 4 <= ncv; c0 += 4) pv_block<E, ROWS, 4>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0);
+  if constexpr (per >= 2)
+    for (; c0 + 2 <= ncv; c0 += 2) pv_block<E, ROWS, 2>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0);
+  for (; c0 < ncv; ++c0) pv_block<E, ROWS, 1>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0);
+}
+
+// O rows = O rows alpha + P V over the tile's keys: the tile summed from zero in tsum (in passes
+// of kPvKeys keys, V prefetched ahead), then added compensated per row (microkernel.hpp).
+template <class E, class C>
+static inline void dec_pv(const E* vp, int64_t ldv, int64_t jn, const C* p, int64_t psl, int64_t psj, int n, C* tsum,
+                          C* orow, C* oc, int64_t dvp, const C* alpha, int64_t ahead) {
+  using V = typename VecOf<C>::V;
+  std::memset(static_cast<void*>(tsum), 0, sizeof(C) * size_t(n * dvp));
+  for (int64_t j0 = 0; j0 < jn; j0 += kPvKeys) {
+    const int64_t nj = imin(kPvKeys, jn - j0);
+    const E* vb = vp + j0 * ldv;
+    if (ahead > j0) prefetch_rows(vb + kDecodePrefetch * ldv, ldv, imin(nj, ahead - j0), dvp);
+    const C* pb = p + j0 * psj;
+    for (int r = 0; r < n;) {
+      const int rem = n - r;
+      if (rem >= 4) {
+        pv_rows<E, 4>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp);
+        r += 4;
+      } else if (rem >= 2) {
+        pv_rows<E, 2>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp);
+        r += 2;
+      } else {
+        pv_rows<E, 1>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp);
+        r += 1;
+      }
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    const V a = vset1<V>(alpha[r]);
+    for (int64_t c = 0; c < dvp; c += kLanes)
+      kahan_add(orow + r * dvp + c, oc + r * dvp + c, vload(tsum + r * dvp + c), a);
+  }
+}
+
+// Whether rows [0, jn) of a K slice are all finite (the rare check after a non-finite score).
 template <class T>
-__attribute__((noinline)) static void fwd_thin(const Params& P, FwdBufs<T>& S, const LaneGroup& lg, int64_t ka,
-                                               int64_t kz, uint8_t* fl) {
+__attribute__((noinline)) static bool k_rows_finite(const T* k, int64_t ld, int64_t jn, int64_t D) {
+  for (int64_t j = 0; j < jn; ++j)
+    if (!storage_finite(k + j * ld, D)) return false;
+  return true;
+}
+
+// One row set of <= 8 rows against keys [ka, kz): the tile loop. Leaves m, l (S.ml) and the O
+// rows (S.orow) for thin_finish, flags in fl.
+template <class T>
+__attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename Compute<T>::type>& S,
+                                               const LaneGroup& lg, int64_t ka, int64_t kz, uint8_t* fl) {
   using C = typename Compute<T>::type;
   using V = typename VecOf<C>::V;
-  const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes), nck = dkp / kLanes;
-  // rows of Q (zero-padded to dkp) and of O, reusing the wide path's buffers
-  C* qr = S.qr;      // [rows][dkp]
-  C* orow = S.orow;  // [rows][dvp]
-  std::memset(static_cast<void*>(qr), 0, sizeof(C) * size_t(kThinMaxRows * dkp));
-  std::memset(static_cast<void*>(orow), 0, sizeof(C) * size_t(kThinMaxRows * dvp));
+  const int64_t dkp = S.dkp, dvp = S.dvp, lds = S.lds;
+  const int n = lg.n;
+  std::memset(static_cast<void*>(S.qr), 0, sizeof(C) * size_t(kThinMaxRows * dkp));
+  std::memset(static_cast<void*>(S.orow), 0, sizeof(C) * size_t(kThinMaxRows * dvp));
   std::memset(static_cast<void*>(S.oc), 0, sizeof(C) * size_t(kThinMaxRows * dvp));
   const T* q = static_cast<const T*>(P.q.data);
-  for (int l = 0; l < lg.n; ++l) {
+  for (int l = 0; l < n; ++l) {
     const T* row = q + lg.b * P.q.s0 + lg.h[l] * P.q.s1 + lg.i[l] * P.q.s2;
     if (!storage_finite(row, P.Dk)) {
       fl[l] |= kBadQ;
       continue;
     }  // left zero: the row sees scores of 0
-    for (int64_t d = 0; d < P.Dk; ++d) qr[l * dkp + d] = to_c<C>(row[d]) * C(q_prescale(P));
+    for (int64_t d = 0; d < P.Dk; ++d) S.qr[l * dkp + d] = to_c<C>(row[d]) * C(q_prescale(P));
   }
   C* m_run = S.ml;
   C* l_run = S.ml + kLanes;
+  C* lc = S.ml + 2 * kLanes;
+  C* al = S.ml + 3 * kLanes;
   vstore(m_run, vset1<V>(C(-INFINITY)));
   vstore(l_run, vzero<V>());
-  vstore(S.lc, vzero<V>());
+  vstore(lc, vzero<V>());
   ModLanes<C> ml;
   mod_lanes_init(P, lg, ml);
   TileMask tm;
-  // K/V rows must be zero-padded to a multiple of 16 for the lane-wide loads: copy when they are not
-  const bool copy_k = !std::is_same_v<T, C> || P.Dk % kLanes != 0;
-  const bool copy_v = !std::is_same_v<T, C> || P.Dv % kLanes != 0;
+  // direct reads need whole 16-wide chunks and no bias entry to check (finite.hpp)
+  const bool direct_ok = P.Dk % kLanes == 0 && P.Dv % kLanes == 0 && !P.has_bias;
+  const bool plain = P.n_mods == 0 && P.dropout_p == 0.0;
+  const T* kbase = static_cast<const T*>(P.k.data) + lg.b * P.k.s0 + lg.g * P.k.s1;
+  const T* vbase = static_cast<const T*>(P.v.data) + lg.b * P.v.s0 + lg.g * P.v.s1;
   for (int64_t j0 = ka; j0 < kz; j0 += P.bk) {
     const int64_t jn = imin(P.bk, kz - j0), kb = j0 / P.bk;
     classify(P, lg, kb, j0, jn, tm);
     if (tm.mode == TILE_SKIP) continue;
-    int64_t ldk, ldv;
-    const C* kp = kv_tile<T, C>(P.k, lg.b, lg.g, j0, jn, P.Dk, S.kc, dkp, copy_k, ldk);
-    const C* vp = kv_tile<T, C>(P.v, lg.b, lg.g, j0, jn, P.Dv, S.vc, dvp, copy_v, ldv);
-    // Where a lane may not see every key (or a bias may hide one), non-finite rows must be zeroed
-    // before they are read (finite.hpp); where all see all (the bulk of a decode step), K is probed
-    // in the dot products below (memory-bound: the FMA is free) and V through the O rows written.
-    const bool full = tm.mode == TILE_FULL && !P.has_bias;
-    if (!full)
-      clean_tile<T>(P, &lg, 1, &tm, j0, jn, S.kc, S.vc, dkp, dvp, kp, ldk, vp, ldv,
+    const bool direct = direct_ok && tm.mode == TILE_FULL;
+    // keys of this item left after the tile's start: how far the prefetch may run ahead
+    const int64_t ahead = direct ? kz - j0 - kDecodePrefetch : 0;
+    const C* p;
+    int64_t psl, psj;
+    const T* vd = vbase + j0 * P.v.s2;
+    const C* vcopy = nullptr;
+    int64_t ldv = P.v.s2;
+    if (direct) {
+      // FULL tile, read in place: a non-finite score means a non-finite k row or an overflow;
+      // every lane attends every key, so a bad k row flags them all (v: through the O rows)
+      const T* kp = kbase + j0 * P.k.s2;
+      if (dec_scores(kp, P.k.s2, jn, dkp / kLanes, S.qr, dkp, n, S.sc, lds, ahead) &&
+          !k_rows_finite(kp, P.k.s2, jn, P.Dk))
+        for (int l = 0; l < n; ++l) fl[l] |= kBadInput;
+    } else {
+      int64_t ldk;
+      const bool copy_k = !std::is_same_v<T, C> || P.Dk % kLanes != 0;
+      const bool copy_v = !std::is_same_v<T, C> || P.Dv % kLanes != 0;
+      const C* kp = kv_tile<T, C>(P.k, lg.b, lg.g, j0, jn, P.Dk, S.kc, dkp, copy_k, ldk);
+      vcopy = kv_tile<T, C>(P.v, lg.b, lg.g, j0, jn, P.Dv, S.vc, dvp, copy_v, ldv);
+      clean_tile<T>(P, &lg, 1, &tm, j0, jn, S.kc, S.vc, dkp, dvp, kp, ldk, vcopy, ldv,
                     reinterpret_cast<uint8_t (*)[kLanes]>(fl));
-    C* st = S.st;
-    const V zero = vzero<V>();
-    V kprobe = zero;
-    for (int64_t jj = 0; jj < jn; ++jj) {
-      const C* kr = kp + jj * ldk;
-      alignas(64) C srow[kLanes] = {};
-      for (int l = 0; l < lg.n; ++l) {
-        V acc = vzero<V>();
-        for (int64_t c = 0; c < nck; ++c) acc = vfma(vload(kr + c * kLanes), vload(qr + l * dkp + c * kLanes), acc);
-        srow[l] = vhsum(acc);
-      }
-      if (full)
-        for (int64_t c = 0; c < nck; ++c) kprobe = vfma(vload(kr + c * kLanes), zero, kprobe);
-      vstore(st + jj * kLanes, vload(srow));
+      dec_scores(kp, ldk, jn, dkp / kLanes, S.qr, dkp, n, S.sc, lds, int64_t(0));
     }
-    if (full) {  // a non-finite key row in a tile every lane attends: every lane read it
-      alignas(64) C pr[kLanes];
-      vstore(pr, kprobe);
-      bool bad = false;
-      for (int l = 0; l < kLanes; ++l) bad = bad || !(pr[l] == pr[l]);
-      if (bad)
-        for (int l = 0; l < lg.n; ++l) fl[l] |= kBadInput;
+    if (plain && direct) {
+      dec_softmax_plain(n, jn, S.sc, lds, S.ml);
+      p = S.sc;
+      psl = lds;
+      psj = 1;
+    } else {  // the general step on the transposed tile (rows across the lanes, as prefill)
+      for (int64_t jj = 0; jj < jn; ++jj)
+        for (int l = 0; l < kLanes; ++l) S.st[jj * kLanes + l] = l < n ? S.sc[l * lds + jj] : C(0);
+      const bool has_add = build_additive(P, lg, tm, j0, jn, S.addt, fl);
+      vstore(al, softmax_tile<T, C>(P, lg, ml, tm, j0, jn, S.st, has_add ? S.addt : nullptr, m_run, l_run, lc));
+      p = S.st;
+      psl = 1;
+      psj = kLanes;
     }
-    const bool has_add = build_additive(P, lg, tm, j0, jn, S.addt, fl);
-    const V alpha = softmax_tile<T, C>(P, lg, ml, tm, j0, jn, st, has_add ? S.addt : nullptr, m_run, l_run, S.lc);
-    // O rows = O rows alpha + P^T V (m = row (lane of st), r = key), the tile summed from zero and
-    // added compensated, alpha per row (microkernel.hpp)
-    alignas(64) C a[kLanes];
-    vstore(a, alpha);
-    for (int64_t c = 0; c < dvp / kLanes; ++c)
-      gemm16_kahan(orow + c * kLanes, S.oc + c * kLanes, dvp, st, 1, kLanes, vp + c * kLanes, ldv, lg.n, jn, alpha, a);
+    if (vcopy)
+      dec_pv(vcopy, ldv, jn, p, psl, psj, n, S.tsum, S.orow, S.oc, dvp, al, int64_t(0));
+    else
+      dec_pv(vd, ldv, jn, p, psl, psj, n, S.tsum, S.orow, S.oc, dvp, al, ahead);
   }
 }
 
-// After fwd_thin: its rows (write_rows), or for a decode split (part) the partial with its flags.
+// After dec_thin: its rows (write_rows), or for a decode split (part) the partial with its flags.
 template <class T>
-__attribute__((noinline)) static void thin_finish(const Params& P, FwdBufs<T>& S, const LaneGroup& lg,
-                                                  const uint8_t* fl, const Partial<typename Compute<T>::type>* part) {
+__attribute__((noinline)) static void thin_finish(const Params& P, const DecBufs<typename Compute<T>::type>& S,
+                                                  const LaneGroup& lg, const uint8_t* fl,
+                                                  const Partial<typename Compute<T>::type>* part) {
   using C = typename Compute<T>::type;
-  const int64_t dvp = round_up(P.Dv, kLanes);
+  const int64_t dvp = S.dvp;
   const C* m_run = S.ml;
   const C* l_run = S.ml + kLanes;
   const C* orow = S.orow;
@@ -151,6 +486,162 @@ static void merge_partials(const Params& P, const LaneGroup* lgs, int nlg, int s
       return acc;
     });
   }
+}
+
+// ------------------------------------------------------------------ the decode call
+
+template <class T>
+struct DecodeJob {
+  using C = typename Compute<T>::type;
+  const Params* P;
+  Arena arena;  // the wide path's scratch (FwdBufs)
+  bool thin = false, oom = false;
+  int64_t rows_per_kv = 0, chunks = 0, splits = 1, nkb = 0, n_items = 0, next = 0;
+  C* part_buf = nullptr;
+  int64_t part_stride = 0;  // elements per partial
+};
+
+// The lane groups of work item `item` (kv head (b, g), row chunk c of its stacked (h, i) rows,
+// key split `split`). Returns the number of lane groups (<= 4).
+template <class T>
+static int decode_rowset(const Params& P, const DecodeJob<T>& J, int64_t item, LaneGroup* lgs, int64_t& split) {
+  const int64_t group = P.H / P.Hkv;
+  split = item % J.splits;
+  item /= J.splits;
+  const int64_t c = item % J.chunks;
+  item /= J.chunks;
+  const int64_t g = item % P.Hkv, b = item / P.Hkv;
+  const int64_t r0 = c * 4 * kLanes, nr = imin(4 * kLanes, J.rows_per_kv - r0);
+  const int nlg = int((nr + kLanes - 1) / kLanes);
+  for (int lg = 0; lg < nlg; ++lg) {
+    LaneGroup& L = lgs[lg];
+    L.b = b;
+    L.g = g;
+    L.n = int(imin(kLanes, nr - lg * kLanes));
+    for (int l = 0; l < kLanes; ++l) {
+      const int64_t r = r0 + lg * kLanes + (l < L.n ? l : 0);
+      L.h[l] = g * group + r / P.Nq;
+      L.i[l] = r % P.Nq;
+    }
+  }
+  return nlg;
+}
+
+template <class T>
+static void decode_task(void* ctx, int tid) {
+  using C = typename Compute<T>::type;
+  DecodeJob<T>& J = *static_cast<DecodeJob<T>*>(ctx);
+  const Params& P = *J.P;
+  FwdBufs<T> W;
+  DecBufs<C> S;
+  if (J.thin) {
+    char* mem = decode_scratch(DecBufs<C>::bytes(P));
+    if (!mem) {
+      __atomic_store_n(&J.oom, true, __ATOMIC_RELAXED);
+      return;
+    }
+    S.carve(P, mem);
+    // the widened copies' row padding must read as zero (it was written by an earlier call's Dk)
+    if (P.Dk % kLanes) std::memset(static_cast<void*>(S.kc), 0, sizeof(C) * size_t(P.bk * S.dkp));
+    if (P.Dv % kLanes) std::memset(static_cast<void*>(S.vc), 0, sizeof(C) * size_t(P.bk * S.dvp));
+  } else {
+    W.carve(P, J.arena.at(tid));
+  }
+  LaneGroup lgs[4];
+  for (;;) {
+    const int64_t it = __atomic_fetch_add(&J.next, 1, __ATOMIC_RELAXED);
+    if (it >= J.n_items) break;
+    int64_t split;
+    const int nlg = decode_rowset<T>(P, J, it, lgs, split);
+    int64_t ka, kz;
+    row_key_range(P, lgs, nlg, ka, kz);
+    if (P.tile_class) ka = ka / P.bk * P.bk;  // tiles stay aligned to the lead's tile grid
+    Partial<C> part{}, *pp = nullptr;
+    if (J.splits > 1) {
+      // fixed, tile-aligned split points, balanced to one tile: the same partials whichever
+      // thread runs them
+      const int64_t s0 = split * J.nkb / J.splits * P.bk, s1 = imin(P.Nk, (split + 1) * J.nkb / J.splits * P.bk);
+      ka = imax(ka, s0);
+      kz = imin(kz, s1);
+      C* base = J.part_buf + it * J.part_stride;
+      part.m = base;
+      part.l = base + 4 * kLanes;
+      part.f = base + 8 * kLanes;
+      part.o = base + 12 * kLanes;
+      pp = &part;
+    }
+    if (J.thin) {
+      uint8_t fl[kLanes] = {};
+      dec_thin<T>(P, S, lgs[0], ka, kz, fl);
+      thin_finish<T>(P, S, lgs[0], fl, pp);
+    } else {
+      uint8_t fl[4][kLanes] = {};
+      fwd_rowset<T>(P, W, lgs, nlg, ka, kz, fl);
+      fwd_finish<T>(P, W, lgs, nlg, fl, pp);
+    }
+  }
+}
+
+static inline int64_t gcd64(int64_t a, int64_t b) {
+  while (b) {
+    const int64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+// The forward of a decode call (Nq <= kDecodeMaxNq). false: out of memory.
+template <class T>
+static bool decode_forward(const Params& P) {
+  using C = typename Compute<T>::type;
+  DecodeJob<T> J;
+  J.P = &P;
+  J.rows_per_kv = (P.H / P.Hkv) * P.Nq;
+  J.thin = J.rows_per_kv <= kThinMaxRows;
+  J.chunks = (J.rows_per_kv + 4 * kLanes - 1) / (4 * kLanes);
+  J.nkb = (P.Nk + P.bk - 1) / P.bk;
+  const int64_t base = P.B * P.Hkv * J.chunks;
+  const int64_t kv_bytes = P.B * P.Hkv * P.Nk * (P.Dk + P.Dv) *
+                           int64_t(P.dtype == DType::f64   ? 8
+                                   : P.dtype == DType::f32 ? 4
+                                                           : 2);
+  int64_t threads = P.threads < 1 || !P.parallel || kv_bytes < kDecodeSerialBytes ? 1 : P.threads;
+  if (threads > 1) {
+    // every thread gets the same number of equal items: base x splits a multiple of the threads,
+    // but no split under a tile of keys
+    J.splits = imax(1, imin(threads / gcd64(base, threads), J.nkb));
+  }
+  J.n_items = base * J.splits;
+  if (J.splits > 1) {
+    J.part_stride = 12 * kLanes + 4 * kLanes * P.Dv;  // m, l, flags, O of up to 4 lane groups
+    J.part_buf = static_cast<C*>(std::malloc(sizeof(C) * size_t(J.part_stride * J.n_items)));
+    if (!J.part_buf) return false;
+  }
+  const int nt = int(imin(threads, J.n_items));
+  if (!J.thin && !J.arena.alloc(nt < 1 ? 1 : nt, FwdBufs<T>::bytes(P))) {
+    std::free(J.part_buf);
+    return false;
+  }
+  if (nt <= 1)
+    decode_task<T>(&J, 0);
+  else
+    P.parallel(nt, &decode_task<T>, &J);
+  if (J.part_buf && !J.oom) {
+    LaneGroup lgs[4];
+    Partial<C> parts[kMaxThreads];  // splits <= threads <= kMaxThreads
+    for (int64_t it = 0; it < J.n_items; it += J.splits) {
+      int64_t split;
+      const int nlg = decode_rowset<T>(P, J, it, lgs, split);
+      for (int64_t s = 0; s < J.splits; ++s) {
+        C* b = J.part_buf + (it + s) * J.part_stride;
+        parts[s] = Partial<C>{b, b + 4 * kLanes, b + 8 * kLanes, b + 12 * kLanes};
+      }
+      merge_partials<T>(P, lgs, nlg, int(J.splits), parts);
+    }
+  }
+  std::free(J.part_buf);
+  return !J.oom;
 }
 
 }  // namespace QKV_NS

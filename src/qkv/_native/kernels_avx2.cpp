@@ -73,6 +73,34 @@ static inline float vhsum(VF x) {
   return _mm_cvtss_f32(h);
 }
 
+// Decode (decode.hpp): lane j = the sum of z[j]'s 8 lanes, by a transposing tree (pairs
+// interleaved and added at 32-bit, 64-bit, then 128-bit granularity); vsum16: the same over 16.
+static inline __m256 vsum8(const __m256* z) {
+  __m256 s1[4], s2[2];
+  for (int i = 0; i < 4; ++i)
+    s1[i] = _mm256_add_ps(_mm256_unpacklo_ps(z[2 * i], z[2 * i + 1]), _mm256_unpackhi_ps(z[2 * i], z[2 * i + 1]));
+  for (int i = 0; i < 2; ++i) {
+    const __m256d x = _mm256_castps_pd(s1[2 * i]), y = _mm256_castps_pd(s1[2 * i + 1]);
+    s2[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+  }
+  return _mm256_add_ps(_mm256_permute2f128_ps(s2[0], s2[1], 0x20), _mm256_permute2f128_ps(s2[0], s2[1], 0x31));
+}
+static inline VF vsum16(const VF* a) {
+  __m256 z[16];
+  for (int i = 0; i < 16; ++i) z[i] = _mm256_add_ps(a[i].a, a[i].b);
+  return {vsum8(z), vsum8(z + 8)};
+}
+// 16 bfloat16 / float16 values widened in registers (bf16 = the top half of a float32)
+static inline __m256 bf16x8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+static inline VF vload_bf16(const uint16_t* p) { return {bf16x8(p), bf16x8(p + 8)}; }
+static inline VF vload_f16(const uint16_t* p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+}
+
 // 2^x for 8 floats: x = n + f, |f| <= 1/2; 2^f by a degree-6 polynomial fitted for relative
 // error on [-1/2, 1/2] (max 1.7e-8 in float64 evaluation, below float32 rounding), 2^n by adding n to the exponent
 // field. x < -125 (including -inf: masked scores) gives exactly 0, never a denormal; NaN stays NaN (finite.hpp reads a

@@ -23,15 +23,9 @@ static inline void run_parallel(const Params& P, int n, TaskFn fn, void* ctx) {
 
 template <class T>
 struct FwdJob {
-  using C = typename Compute<T>::type;
   const Params* P;
   Arena arena;
   int64_t n_items = 0, next = 0;
-  // decode
-  bool decode = false, thin = false;
-  int64_t rows_per_kv = 0, chunks = 0, splits = 1, split_len = 0;
-  C* part_buf = nullptr;
-  int64_t part_stride = 0;  // elements per partial
   // prefill: an item is pb blocks of 16 positions x hp query heads of one kv head (stacked_rows)
   int64_t hp = 1, n_hc = 1, pb = 4, n_pc = 0;
 };
@@ -53,33 +47,11 @@ static void stacked_rows(const Params& P, FwdJob<T>& J) {
   J.n_items = P.B * P.Hkv * J.n_hc * J.n_pc;
 }
 
-// The lane groups of chunk `c` of the stacked (h, i) rows of (b, g) (decode) or of a prefill item
-// (stacked_rows). Returns the number of lane groups (<= 4).
+// The lane groups of a prefill item (stacked_rows; decode has its own, decode.hpp). Returns the
+// number of lane groups (<= 4).
 template <class T>
-static int make_rowset(const Params& P, const FwdJob<T>& J, int64_t item, LaneGroup* lgs, int64_t& split) {
+static int make_rowset(const Params& P, const FwdJob<T>& J, int64_t item, LaneGroup* lgs) {
   const int64_t group = P.H / P.Hkv;
-  split = 0;
-  if (J.decode) {
-    split = item % J.splits;
-    item /= J.splits;
-    const int64_t c = item % J.chunks;
-    item /= J.chunks;
-    const int64_t g = item % P.Hkv, b = item / P.Hkv;
-    const int64_t r0 = c * 4 * kLanes, nr = imin(4 * kLanes, J.rows_per_kv - r0);
-    const int nlg = int((nr + kLanes - 1) / kLanes);
-    for (int lg = 0; lg < nlg; ++lg) {
-      LaneGroup& L = lgs[lg];
-      L.b = b;
-      L.g = g;
-      L.n = int(imin(kLanes, nr - lg * kLanes));
-      for (int l = 0; l < kLanes; ++l) {
-        const int64_t r = r0 + lg * kLanes + (l < L.n ? l : 0);
-        L.h[l] = g * group + r / P.Nq;
-        L.i[l] = r % P.Nq;
-      }
-    }
-    return nlg;
-  }
   // the last position chunks first, over all heads: under causal masks they are the longest, and
   // handing them out first leaves the short ones to even out the threads' ends (longest
   // processing time first); the tile loop's results do not depend on the order
@@ -110,7 +82,6 @@ static int make_rowset(const Params& P, const FwdJob<T>& J, int64_t item, LaneGr
 
 template <class T>
 static void fwd_task(void* ctx, int tid) {
-  using C = typename Compute<T>::type;
   FwdJob<T>& J = *static_cast<FwdJob<T>*>(ctx);
   const Params& P = *J.P;
   FwdBufs<T> S;
@@ -119,82 +90,26 @@ static void fwd_task(void* ctx, int tid) {
   for (;;) {
     const int64_t it = __atomic_fetch_add(&J.next, 1, __ATOMIC_RELAXED);
     if (it >= J.n_items) break;
-    int64_t split;
-    const int nlg = make_rowset<T>(P, J, it, lgs, split);
+    const int nlg = make_rowset<T>(P, J, it, lgs);
     int64_t ka, kz;
     row_key_range(P, lgs, nlg, ka, kz);
     if (P.tile_class) ka = ka / P.bk * P.bk;  // tiles stay aligned to the lead's tile grid
-    Partial<C> part{}, *pp = nullptr;
-    if (J.decode && J.splits > 1) {
-      // fixed, tile-aligned split points: the same partials whichever thread runs them
-      const int64_t s0 = split * J.split_len, s1 = imin(P.Nk, s0 + J.split_len);
-      ka = imax(ka, s0);
-      kz = imin(kz, s1);
-      C* base = J.part_buf + it * J.part_stride;
-      part.m = base;
-      part.l = base + 4 * kLanes;
-      part.f = base + 8 * kLanes;
-      part.o = base + 12 * kLanes;
-      pp = &part;
-    }
-    if (J.thin) {
-      uint8_t fl[kLanes] = {};
-      fwd_thin<T>(P, S, lgs[0], ka, kz, fl);
-      thin_finish<T>(P, S, lgs[0], fl, pp);
-    } else {
-      uint8_t fl[4][kLanes] = {};
-      fwd_rowset<T>(P, S, lgs, nlg, ka, kz, fl);
-      fwd_finish<T>(P, S, lgs, nlg, fl, pp);
-    }
+    uint8_t fl[4][kLanes] = {};
+    fwd_rowset<T>(P, S, lgs, nlg, ka, kz, fl);
+    fwd_finish<T>(P, S, lgs, nlg, fl, nullptr);
   }
 }
 
 template <class T>
 static bool forward_impl(const Params& P) {
-  using C = typename Compute<T>::type;
+  if (P.Nq <= kDecodeMaxNq) return decode_forward<T>(P);  // decode.hpp
   FwdJob<T> J;
   J.P = &P;
   const int threads = P.threads < 1 ? 1 : P.threads;
-  if (P.Nq <= kDecodeMaxNq) {
-    J.decode = true;
-    J.rows_per_kv = (P.H / P.Hkv) * P.Nq;
-    J.thin = J.rows_per_kv <= kThinMaxRows;
-    J.chunks = (J.rows_per_kv + 4 * kLanes - 1) / (4 * kLanes);
-    const int64_t base = P.B * P.Hkv * J.chunks, nkb = (P.Nk + P.bk - 1) / P.bk;
-    if (threads > 1 && base < 4 * threads) {
-      // enough parts for every thread to get ~4, but never below 4 tiles of keys per part
-      J.splits = imax(1, imin((4 * threads + base - 1) / base, nkb / 4));
-    }
-    J.split_len = ((nkb + J.splits - 1) / J.splits) * P.bk;
-    J.n_items = base * J.splits;
-    if (J.splits > 1) {
-      J.part_stride = 12 * kLanes + 4 * kLanes * P.Dv;  // m, l, flags, O of up to 4 lane groups
-      J.part_buf = static_cast<C*>(std::malloc(sizeof(C) * size_t(J.part_stride * J.n_items)));
-      if (!J.part_buf) return false;
-    }
-  } else {
-    stacked_rows<T>(P, J);
-  }
+  stacked_rows<T>(P, J);
   const int nt = int(imin(threads, J.n_items));
-  if (!J.arena.alloc(nt < 1 ? 1 : nt, FwdBufs<T>::bytes(P))) {
-    std::free(J.part_buf);
-    return false;
-  }
+  if (!J.arena.alloc(nt < 1 ? 1 : nt, FwdBufs<T>::bytes(P))) return false;
   run_parallel(P, nt, &fwd_task<T>, &J);
-  if (J.part_buf) {
-    LaneGroup lgs[4];
-    Partial<C> parts[4 * kMaxThreads];  // splits <= nkb / 4 and <= 4 * threads
-    for (int64_t it = 0; it < J.n_items; it += J.splits) {
-      int64_t split;
-      const int nlg = make_rowset<T>(P, J, it, lgs, split);
-      for (int64_t s = 0; s < J.splits; ++s) {
-        C* base = J.part_buf + (it + s) * J.part_stride;
-        parts[s] = Partial<C>{base, base + 4 * kLanes, base + 8 * kLanes, base + 12 * kLanes};
-      }
-      merge_partials<T>(P, lgs, nlg, int(J.splits), parts);
-    }
-    std::free(J.part_buf);
-  }
   return true;
 }
 

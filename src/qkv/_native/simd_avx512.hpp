@@ -64,6 +64,31 @@ static inline MF vand(MF x, MF y) { return {__mmask16(x.a & y.a)}; }
 static inline VF vsel(MF m, VF x, VF y) { return {_mm512_mask_blend_ps(m.a, y.a, x.a)}; }
 static inline float vhsum(VF x) { return _mm512_reduce_add_ps(x.a); }
 
+// Decode (decode.hpp): lane j = the sum of a[j]'s 16 lanes, by a transposing tree (pairs of
+// vectors interleaved and added at 32-bit, 64-bit, then twice at 128-bit granularity): 15 adds
+// and 30 shuffles for 16 sums.
+static inline VF vsum16(const VF* a) {
+  __m512 s1[8], s2[4];
+  for (int i = 0; i < 8; ++i)
+    s1[i] =
+        _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i].a, a[2 * i + 1].a), _mm512_unpackhi_ps(a[2 * i].a, a[2 * i + 1].a));
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(s1[2 * i]), y = _mm512_castps_pd(s1[2 * i + 1]);
+    s2[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  const __m512 t0 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[0], s2[1], 0x88), _mm512_shuffle_f32x4(s2[0], s2[1], 0xdd));
+  const __m512 t1 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2], s2[3], 0x88), _mm512_shuffle_f32x4(s2[2], s2[3], 0xdd));
+  return {_mm512_add_ps(_mm512_shuffle_f32x4(t0, t1, 0x88), _mm512_shuffle_f32x4(t0, t1, 0xdd))};
+}
+// 16 bfloat16 / float16 values widened in registers (bf16 = the top half of a float32)
+static inline VF vload_bf16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
+}
+static inline VF vload_f16(const uint16_t* p) {
+  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+}
+
 // 2^x: as the AVX2 path (degree-6 fit on |f| <= 1/2), with scalef for the 2^n factor. NaN stays
 // NaN (finite.hpp reads a NaN row sum): the compare is unordered-true and max / min return their
 // second operand, x, when it is NaN.

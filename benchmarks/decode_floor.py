@@ -1,0 +1,150 @@
+"""Decode at the memory floor: one query against a long K/V cache, against the plain streaming read
+of the same K+V bytes and torch's SDPA, interleaved round-robin in one process (medians).
+
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/decode_floor.py            # Nk=32768, f32 + bf16
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/decode_floor.py --nk 8192 --rounds 15
+
+For each case (MHA 8/8 heads D=64 and GQA 32/8 heads D=128, B=1, Nq=1; float32 and bfloat16
+caches) it times, in turn: the kernel call (qkv._native.forward), the default public call
+(qkv.attention), SDPA (the math of torch's CPU backends for Nq=1 with GQA heads enabled), and the
+floor: the best of two plain reads of the K+V bytes (torch sums over the bytes viewed as float32,
+on the same threads; a kernel whose read is as fast as that is at the floor). Reports GB/s (K+V
+bytes / median time) and the fraction of the floor (floor time / kernel time; target >= 0.85).
+Then the fixed cost: the kernel call and the qkv.attention call at Nk=16, where the read is free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import qkv
+from qkv import _native as native
+
+THREADS = 2
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def round_robin(fns: dict, rounds: int, inner: int = 1, stat=np.median) -> dict:
+    """Seconds per call of each function (median, or `stat`, over rounds), called in turn (A B C .. A B C ..)."""
+    for f in fns.values():
+        f()
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for name, f in fns.items():
+            t = time.perf_counter()
+            for _ in range(inner):
+                f()
+            times[name].append((time.perf_counter() - t) / inner)
+    return {k: float(stat(v)) for k, v in times.items()}
+
+
+def tensors(h: int, hkv: int, d: int, nk: int, dtype):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, h, 1, d, generator=g).to(dtype)
+    k = torch.randn(1, hkv, nk, d, generator=g).to(dtype)
+    v = torch.randn(1, hkv, nk, d, generator=g).to(dtype)
+    return q, k, v
+
+
+def kernel_call(q, k, v):
+    out = torch.empty(q.shape[:3] + (v.shape[3],), dtype=q.dtype)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32)
+    scale = q.shape[3] ** -0.5
+
+    def run():
+        native.forward(q, k, v, out, lse, scale=scale, threads=THREADS)
+
+    return run
+
+
+def floor_reads(k, v):
+    kb, vb = k.view(torch.float32), v.view(torch.float32)  # the same bytes, read as float32
+
+    def sums():
+        return float(kb.sum()) + float(vb.sum())
+
+    def amax():
+        return float(torch.amax(kb)) + float(torch.amax(vb))
+
+    return sums, amax
+
+
+def case(name, h, hkv, d, nk, dtype, rounds, stat):
+    q, k, v = tensors(h, hkv, d, nk, dtype)
+    nbytes = (k.numel() + v.numel()) * k.element_size()
+    sums, amax = floor_reads(k, v)
+    gqa = h != hkv
+    fns = {
+        "kernel": kernel_call(q, k, v),
+        "qkv.attention": lambda: qkv.attention(q, k, v),
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa),
+        "floor sum": sums,
+        "floor amax": amax,
+    }
+    t = round_robin(fns, rounds, stat=stat)
+    floor = min(t["floor sum"], t["floor amax"])
+    gbs = {n: nbytes / t[n] / 1e9 for n in t}
+    print(
+        f"| {name} | {nbytes / 2**20:.0f} MiB | {t['kernel'] * 1e3:.3f} ({gbs['kernel']:.1f} GB/s) | "
+        f"**{floor / t['kernel']:.2f}** | {t['qkv.attention'] * 1e3:.3f} ({floor / t['qkv.attention']:.2f}) | "
+        f"{t['sdpa'] * 1e3:.3f} ({floor / t['sdpa']:.2f}; ours {t['sdpa'] / t['kernel']:.2f}x) | "
+        f"{floor * 1e3:.3f} ({nbytes / floor / 1e9:.1f} GB/s) |",
+        flush=True,
+    )
+
+
+def fixed_cost(rounds):
+    for name, h, hkv, d in (("MHA 8/8 D=64", 8, 8, 64), ("GQA 32/8 D=128", 32, 8, 128)):
+        for dtype in (torch.float32, torch.bfloat16):
+            q, k, v = tensors(h, hkv, d, 16, dtype)
+            t = round_robin(
+                {
+                    "kernel": kernel_call(q, k, v),
+                    "qkv.attention": lambda q=q, k=k, v=v: qkv.attention(q, k, v),
+                    "sdpa": lambda q=q, k=k, v=v, g=h != hkv: F.scaled_dot_product_attention(q, k, v, enable_gqa=g),
+                },
+                rounds,
+                inner=200,
+            )
+            print(
+                f"| {name} {str(dtype)[6:]} Nk=16 | {t['kernel'] * 1e6:.1f} | {t['qkv.attention'] * 1e6:.1f} | "
+                f"{t['sdpa'] * 1e6:.1f} |",
+                flush=True,
+            )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nk", type=int, default=32768)
+    ap.add_argument("--rounds", type=int, default=21)
+    ap.add_argument("--only", default="floor,fixed")
+    ap.add_argument("--best", action="store_true", help="minimum over rounds instead of the median (a loaded machine)")
+    a = ap.parse_args()
+    torch.set_num_threads(THREADS)
+    stat = np.min if a.best else np.median
+    print(f"qkv._native path: {native.isa()}; torch {torch.__version__}; threads {THREADS}")
+    if "floor" in a.only:
+        print(
+            "| case | K+V | kernel ms (GB/s) | fraction of floor | qkv.attention ms (fraction) | SDPA ms (fraction) "
+            "| floor ms (GB/s) |\n|---|---|---|---|---|---|---|"
+        )
+        for dtype in (torch.float32, torch.bfloat16):
+            for name, h, hkv, d in (("MHA 8/8 D=64", 8, 8, 64), ("GQA 32/8 D=128", 32, 8, 128)):
+                case(f"{name} {str(dtype)[6:]} Nk={a.nk}", h, hkv, d, a.nk, dtype, a.rounds, stat)
+    if "fixed" in a.only:
+        print("\n| fixed cost | kernel us | qkv.attention us | SDPA us |\n|---|---|---|---|")
+        fixed_cost(max(5, a.rounds // 3))
+
+
+if __name__ == "__main__":
+    main()
