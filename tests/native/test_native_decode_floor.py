@@ -13,9 +13,9 @@ from _native_reference import forward as ref_forward
 from qkv import _native as native
 
 NK_EDGES = (1, 15, 16, 17, 127, 128, 129, 1031, 4099)
-# (H, Hkv, Nq): 1 row, grouped rows (4 and the thin maximum 8, from heads and from queries),
+# (H, Hkv, Nq): 1 row, grouped rows (3, 4, 5, 7 and the thin maximum 8, from heads and queries),
 # 9 and 16+ rows (the wide path), MHA with several kv heads
-SHAPES = ((1, 1, 1), (4, 1, 1), (8, 1, 1), (2, 1, 4), (8, 2, 2), (3, 1, 3), (1, 1, 16), (2, 2, 5))
+SHAPES = ((1, 1, 1), (4, 1, 1), (8, 1, 1), (2, 1, 4), (8, 2, 2), (3, 1, 3), (1, 1, 16), (2, 2, 5), (3, 1, 1), (7, 1, 1))
 
 
 def _tol(dtype, nk):
@@ -181,11 +181,11 @@ def test_nonfinite_on_the_thin_path(isa, rng, dtype, value):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_nonfinite_half_caches(isa, rng, dtype):
     tdt = getattr(torch, dtype)
-    q, k, v = (torch.from_numpy(x).to(tdt) for x in make_qkv(rng, 1, 4, 1, 1, 700, 64, 64))
+    q, k, v = (torch.from_numpy(x).to(tdt) for x in make_qkv(rng, 1, 4, 1, 1, 1100, 64, 64))
     for which in ("k", "v"):
         for value in (float("nan"), float("-inf")):
             kk, vv = k.clone(), v.clone()
-            (kk if which == "k" else vv)[0, 0, 650, 60] = value
+            (kk if which == "k" else vv)[0, 0, 1050, 60] = value
             out = torch.empty(1, 4, 1, 64, dtype=tdt)
             lse = torch.empty(1, 4, 1)
             bad, over = native.forward(q, kk, vv, out, lse, scale=0.125, threads=2)

@@ -11,7 +11,8 @@
 // step) the kernel is a streaming read of K and V and everything else must hide under it:
 //   - keys across lanes: S for 16 keys of one row comes from 16 accumulators of vertical FMAs over
 //     d, folded by one transposing reduction (vsum16: 15 adds, ~30 shuffles for 16 keys) instead
-//     of a horizontal sum per (key, row); the softmax then runs on 16 keys per vector.
+//     of a horizontal sum per (key, row); the softmax then runs on 16 keys per vector. Rows go
+//     two at a time (8 keys x 2 rows per fold) so that each K vector loaded serves both.
 //     (Transposing the K tile instead costs ~64 shuffles per 16 keys x 16 d, shared by the rows:
 //     more than the reduction below 8 rows.)
 //   - K and V are read in their own dtype (bf16 / fp16 widened in registers: half the bytes of a
@@ -31,9 +32,10 @@ constexpr int kThinMaxRows = 8;
 // Keys read ahead by software prefetch (K in the score pass, V in the P.V pass).
 // (32 and 64 measured alike within the noise of a shared machine; 0 no better.)
 constexpr int64_t kDecodePrefetch = 64;
-// A decode call reading fewer K+V bytes runs on the calling thread: waking the pool (~10 us)
-// would cost more than the read it shares.
-constexpr int64_t kDecodeSerialBytes = int64_t(1) << 17;
+// A decode call reading fewer K+V bytes runs on the calling thread: waking the pool (~5-10 us,
+// far more on a busy machine) would cost more than the read it shares (256 KiB: ~3-6 us on one
+// core).
+constexpr int64_t kDecodeSerialBytes = int64_t(1) << 18;
 // Keys of one P.V pass: their V rows stay in L1 across the passes over Dv.
 constexpr int64_t kPvKeys = 32;
 
@@ -178,6 +180,59 @@ static inline void dec_scores_t(const E* kp, int64_t ldk, int64_t jn, int64_t nc
   }
 }
 
+// As dec_scores_t for an even number of rows, two at a time: 8 keys x 2 rows fill the 16
+// accumulators, so each K vector loaded serves both rows (half the loads of one row at a time;
+// grouped heads are the case). Lanes 0-7 of the folded vector are row l's 8 keys, 8-15 row l+1's.
+template <int NCQ, class E, class C>
+static inline void dec_pairs_t(const E* kp, int64_t ldk, int64_t jn, int64_t nck, const C* qr, int64_t dkp, int n,
+                               C* sc, int64_t lds, int64_t ahead, typename VecOf<C>::V& probe) {
+  using V = typename VecOf<C>::V;
+  constexpr int kHalf = kLanes / 2;
+  const V zero = vzero<V>();
+  alignas(64) C t[kLanes];
+  for (int64_t jb = 0; jb < jn; jb += kLanes) {
+    const int nb = int(imin(kLanes, jn - jb));
+    if (ahead > jb) prefetch_rows(kp + (jb + kDecodePrefetch) * ldk, ldk, imin(kLanes, ahead - jb), nck * kLanes);
+    for (int l = 0; l < n; l += 2) {
+      const C* q0 = qr + l * dkp;
+      const C* q1 = q0 + dkp;
+      for (int half = 0; half < 2; ++half) {
+        const int64_t kh = jb + half * kHalf;
+        const int nh = int(imin(kHalf, imax(0, nb - half * kHalf)));
+        V acc[kLanes];
+#pragma GCC unroll 16
+        for (int x = 0; x < kLanes; ++x) acc[x] = zero;
+        for (int64_t c0 = 0; c0 < nck && nh > 0; c0 += NCQ) {
+          V a[NCQ], b[NCQ];
+#pragma GCC unroll 8
+          for (int c = 0; c < NCQ; ++c) {
+            a[c] = vload(q0 + (c0 + c) * kLanes);
+            b[c] = vload(q1 + (c0 + c) * kLanes);
+          }
+#pragma GCC unroll 8
+          for (int i = 0; i < kHalf; ++i) {
+            if (i >= nh) break;
+            const E* r = kp + (kh + i) * ldk + c0 * kLanes;
+#pragma GCC unroll 8
+            for (int c = 0; c < NCQ; ++c) {
+              const V k = vload_kv(r + c * kLanes);
+              acc[i] = vfma(k, a[c], acc[i]);
+              acc[kHalf + i] = vfma(k, b[c], acc[kHalf + i]);
+            }
+          }
+        }
+        const V s = vsum16(acc);
+        probe = vfma(s, zero, probe);
+        vstore(t, s);
+        for (int i = 0; i < kHalf; ++i) {
+          sc[l * lds + kh + i] = i < nh ? t[i] : C(-INFINITY);
+          sc[(l + 1) * lds + kh + i] = i < nh ? t[kHalf + i] : C(-INFINITY);
+        }
+      }
+    }
+  }
+}
+
 // dec_scores_t with q's chunks in registers (all of them up to Dk = 128). Returns whether some
 // score is not finite.
 template <class E, class C>
@@ -185,6 +240,34 @@ static inline bool dec_scores(const E* kp, int64_t ldk, int64_t jn, int64_t nck,
                               int64_t lds, int64_t ahead) {
   using V = typename VecOf<C>::V;
   V probe = vzero<V>();
+  const int n2 = n & ~1;
+  if (n2) {
+    if (nck <= 4 && nck != 3) switch (nck) {
+        case 1:
+          dec_pairs_t<1>(kp, ldk, jn, nck, qr, dkp, n2, sc, lds, ahead, probe);
+          break;
+        case 2:
+          dec_pairs_t<2>(kp, ldk, jn, nck, qr, dkp, n2, sc, lds, ahead, probe);
+          break;
+        default:
+          dec_pairs_t<4>(kp, ldk, jn, nck, qr, dkp, n2, sc, lds, ahead, probe);
+      }
+    else if (nck % 4 == 0)
+      dec_pairs_t<4>(kp, ldk, jn, nck, qr, dkp, n2, sc, lds, ahead, probe);
+    else
+      dec_pairs_t<1>(kp, ldk, jn, nck, qr, dkp, n2, sc, lds, ahead, probe);
+    ahead = 0;  // prefetched once
+  }
+  if (n2 == n) {
+    alignas(64) C pr[kLanes];
+    vstore(pr, probe);
+    bool bad = false;
+    for (int l = 0; l < kLanes; ++l) bad = bad || !(pr[l] == pr[l]);
+    return bad;
+  }
+  qr += n2 * dkp;
+  sc += n2 * lds;
+  n -= n2;
   switch (nck) {
     case 1:
       dec_scores_t<1>(kp, ldk, jn, nck, qr, dkp, n, sc, lds, ahead, probe);
