@@ -64,7 +64,7 @@ static inline VF vload_bf16(const U* p) {
 template <class U>
 static inline VF vload_f16(const U* p) {
   alignas(64) float t[kLanes];
-  cvt_f16_row(p, t, kLanes);
+  for (int i = 0; i < kLanes; ++i) t[i] = half_to_float(p[i]);
   return vload(t);
 }
 
@@ -121,6 +121,9 @@ struct DecBufs {
 struct DecScratch {
   char* p = nullptr;
   size_t n = 0;
+  DecScratch() = default;
+  DecScratch(const DecScratch&) = delete;  // owns p
+  DecScratch& operator=(const DecScratch&) = delete;
   ~DecScratch() { std::free(p); }
 };
 static inline char* decode_scratch(size_t bytes) {
@@ -300,10 +303,12 @@ static inline bool dec_scores(const E* kp, int64_t ldk, int64_t jn, int64_t nck,
   return bad;
 }
 
-// The online-softmax step of a FULL, plain tile (no mods, bias or dropout), keys across lanes:
+// The online-softmax step of a FULL, plain tile (no mods or bias), keys across lanes:
 // sc rows (log2 units) -> P in place; m, l (compensated) updated per row; alpha per row in ml + 3 kLanes.
 template <class C>
-static inline void dec_softmax_plain(int n, int64_t jn, C* sc, int64_t lds, C* ml) {
+static inline void dec_softmax_plain(const Params& P, const LaneGroup& lg, int64_t j0, int64_t jn, C* sc, int64_t lds,
+                                     C* ml) {
+  const int n = lg.n;
   using V = typename VecOf<C>::V;
   C* m_run = ml;
   C* l_run = ml + kLanes;
@@ -344,6 +349,13 @@ static inline void dec_softmax_plain(int n, int64_t jn, C* sc, int64_t lds, C* m
   kahan_add(l_run, lc, vload(rs), alpha);
   vstore(m_run, m_new);
   vstore(al, alpha);
+  if (P.dropout_p > 0.0) {  // as softmax_tile: after the row sums, so l and lse stay pre-dropout
+    const uint32_t thr = dropout_threshold(P.dropout_p);
+    const C inv = C(1.0 / (1.0 - P.dropout_p));
+    for (int l = 0; l < n; ++l)
+      philox_row(P.seed, uint32_t(lg.b), uint32_t(lg.h[l]), uint32_t(lg.i[l]), j0, j0 + jn, thr,
+                 [&](int64_t j, bool keep) { sc[l * lds + (j - j0)] *= keep ? inv : C(0); });
+  }
 }
 
 // tsum rows (ROWS of them) += P V over keys [0, jn) for Dv chunks [c0, c0 + NC): P[r * psl + j * psj].
@@ -464,7 +476,8 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
   TileMask tm;
   // direct reads need whole 16-wide chunks and no bias entry to check (finite.hpp)
   const bool direct_ok = P.Dk % kLanes == 0 && P.Dv % kLanes == 0 && !P.has_bias;
-  const bool plain = P.n_mods == 0 && P.dropout_p == 0.0;
+  // (dropout included: a call's lse must not depend on it, bit for bit)
+  const bool plain = P.n_mods == 0;
   const T* kbase = static_cast<const T*>(P.k.data) + lg.b * P.k.s0 + lg.g * P.k.s1;
   const T* vbase = static_cast<const T*>(P.v.data) + lg.b * P.v.s0 + lg.g * P.v.s1;
   for (int64_t j0 = ka; j0 < kz; j0 += P.bk) {
@@ -497,7 +510,7 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
       dec_scores(kp, ldk, jn, dkp / kLanes, S.qr, dkp, n, S.sc, lds, int64_t(0));
     }
     if (plain && direct) {
-      dec_softmax_plain(n, jn, S.sc, lds, S.ml);
+      dec_softmax_plain(P, lg, j0, jn, S.sc, lds, S.ml);
       p = S.sc;
       psl = lds;
       psj = 1;
