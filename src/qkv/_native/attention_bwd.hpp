@@ -13,10 +13,12 @@
 // attended bias entry is not finite, contributes P = 0 and instead sends NaN along its attended
 // edges only: its dQ row, and the dK / dV rows of the keys it may attend.
 //
-// Determinism without atomics: items are assigned statically (item t, t + T, ...), so each
-// thread's dQ partial (thread 0 writes the dq output itself, others a private buffer) is the sum of
-// a fixed sequence; the partials are added in thread order at the end. Same thread count, same bits.
+// Determinism without atomic adds or per-thread copies: dQ rows are added straight into the dq
+// output, each query block's in ascending key-tile order (DqOrder below), so the bits do not depend
+// on the thread count or the schedule.
 #pragma once
+#include <sched.h>
+
 #include "attention_fwd.hpp"
 
 namespace qkv_native {
@@ -31,7 +33,7 @@ struct BwdBufs {
   static size_t bytes(const Params& P) {
     const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes);
     const int64_t e = 2 * P.bk * dkp + 2 * P.bk * dvp + W * dkp + W * dvp + 4 * P.Dk * kLanes + 4 * P.Dv * kLanes +
-                      2 * P.bk * W + 3 * P.bk * kLanes + P.Dk * kLanes + P.bk * dkp + P.bk * dvp;
+                      2 * P.bk * W + 3 * P.bk * kLanes + 4 * P.Dk * kLanes + P.bk * dkp + P.bk * dvp;
     return size_t(e) * sizeof(C) + 20 * 64;
   }
   void carve(const Params& P, char* p) {
@@ -50,16 +52,97 @@ struct BwdBufs {
     dfac = c.take<C>(P.bk * kLanes);
     addt = c.take<C>(P.bk * kLanes);
     zt = c.take<C>(P.bk * kLanes);
-    dqt = c.take<C>(P.Dk * kLanes);
+    dqt = c.take<C>(4 * P.Dk * kLanes);  // one dQ^T share per lane group, added in order
     dkc = c.take<C>(P.bk * dkp);
     dvc = c.take<C>(P.bk * dvp);
   }
 };
 
-// One key tile: dK, dV of keys [j0, j0 + jn) of (b, g); dQ contributions into dq_acc (B,H,Nq,Dk).
+// The union [lo, hi) of the key intervals (P.rows) of each BQ-row query block: a key tile then finds
+// the query blocks that can see it in O(1) each, instead of classifying their 64 rows. Broadcast
+// axes of the rows stay broadcast here (stride 0). lo >= hi: no row of the block sees a key.
+struct RowBlocks {
+  int32_t* lohi = nullptr;  // (Bm, Hm, nbq, 2)
+  int64_t sb = 0, sh = 0;
+  ~RowBlocks() { std::free(lohi); }
+  const int32_t* at(int64_t b, int64_t h, int64_t qb) const { return lohi + b * sb + h * sh + qb * 2; }
+  bool build(const Params& P) {
+    if (!P.rows || P.tile_class) return true;  // with classes, a FULL tile holds whatever its rows say
+    const int64_t nbq = (P.Nq + P.bq - 1) / P.bq, bm = P.rw_b ? P.B : 1, hm = P.rw_h ? P.H : 1;
+    sh = P.rw_h ? nbq * 2 : 0;
+    sb = P.rw_b ? hm * nbq * 2 : 0;
+    lohi = static_cast<int32_t*>(std::malloc(sizeof(int32_t) * size_t(bm * hm * nbq * 2)));
+    if (!lohi) return false;
+    for (int64_t b = 0; b < bm; ++b)
+      for (int64_t h = 0; h < hm; ++h)
+        for (int64_t qb = 0; qb < nbq; ++qb) {
+          int64_t lo = P.Nk, hi = 0;
+          for (int64_t i = qb * P.bq; i < imin(P.Nq, (qb + 1) * P.bq); ++i) {
+            const int32_t* r = P.rows + b * P.rw_b + h * P.rw_h + i * 2;
+            const int64_t a = imax(r[0], 0), z = imin(r[1], P.Nk);
+            if (a < z) {
+              lo = imin(lo, a);
+              hi = imax(hi, z);
+            }
+          }
+          int32_t* o = lohi + b * sb + h * sh + qb * 2;
+          o[0] = int32_t(lo);
+          o[1] = int32_t(hi);
+        }
+    return true;
+  }
+};
+
+// dQ summed in one fixed order without a copy per thread. Every key tile adds its dQ rows of a
+// query block only after every lower key tile (lower item index) of the same (b, kv head) has
+// added its own, so dQ = sum over key tiles in ascending order: the same bits for any thread count
+// and schedule, and no B*H*Nq*Dk partial per thread (8 MiB per thread at N = 32768, D = 64). The
+// order is kept FlashAttention-3's way (its deterministic backward, one semaphore per query block,
+// arXiv:2407.08608): here each thread publishes its position (item * S + query blocks done,
+// release) and a thread about to add waits (acquire) for the other threads' last lower items.
+// Items go round-robin (item t, t + T, ...), each thread in ascending order, so those are known;
+// the lowest item in flight never waits (no deadlock), and threads of one call all run at once
+// (threads.hpp). With key tiles of one (b, g) spread over the threads they walk the query blocks
+// one step apart, a pipeline, not a serialisation.
+struct DqOrder {
+  int64_t* pos = nullptr;  // per thread, one cache line apart
+  int nt = 1;
+  int64_t S = 1, nkb = 1;  // S: query blocks of an item (its heads x nbq) + 1
+  static constexpr int kLine = 8;
+  ~DqOrder() { std::free(pos); }
+  bool init(int threads, int64_t s, int64_t kbs) {
+    nt = threads;
+    S = s;
+    nkb = kbs;
+    pos = static_cast<int64_t*>(std::calloc(size_t(nt * kLine), sizeof(int64_t)));
+    return pos != nullptr;
+  }
+  void publish(int tid, int64_t it, int64_t done) const {
+    __atomic_store_n(pos + tid * kLine, it * S + done, __ATOMIC_RELEASE);
+  }
+  // Until every lower item of it's (b, g) has finished query block s.
+  void wait(int tid, int64_t it, int64_t s) const {
+    for (int t = 0; t < nt; ++t) {
+      if (t == tid) continue;
+      const int64_t prev = it - (it - t + nt) % nt;  // t's last item below it
+      if (prev < 0 || prev / nkb != it / nkb) continue;
+      const int64_t need = prev * S + s + 1;
+      for (int spin = 0; __atomic_load_n(pos + t * kLine, __ATOMIC_ACQUIRE) < need; ++spin)
+        if (spin >= 64) sched_yield();  // the machine may be shared: give the core to the thread awaited
+    }
+  }
+};
+
+// One key tile: dK, dV of keys [j0, j0 + jn) of (b, g); dQ contributions added to dq in order.
+// Exact ranges: only the query blocks whose rows can see the tile are visited (RowBlocks, tile
+// classes), and in each, every lane group computes S^T, P^T, dP^T, dS^T and its dQ share only over
+// the keys [a, z) its 16 rows may see (the union of their intervals, as the forward's lane groups
+// walk theirs); the block's dK / dV sums run over the union of those. A causal diagonal tile costs
+// then about half a tile, and a narrow band only its band.
 template <class T>
-static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64_t kb,
-                     const typename Compute<T>::type* Dbuf, typename Compute<T>::type* dq_acc, uint8_t* row_nan) {
+static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_t b, int64_t g, int64_t kb,
+                     const RowBlocks& rb, const DqOrder& order, const typename Compute<T>::type* Dbuf,
+                     typename Compute<T>::type* dq, uint8_t* row_nan) {
   using C = typename Compute<T>::type;
   using V = typename VecOf<C>::V;
   constexpr int64_t W = BwdBufs<T>::W;
@@ -91,9 +174,16 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
   const int64_t nbq = (P.Nq + P.bq - 1) / P.bq;
   for (int64_t h = g * group; h < (g + 1) * group; ++h) {
     for (int64_t qb = 0; qb < nbq; ++qb) {
+      if (rb.lohi) {  // no row of the block sees the tile: not even classified
+        const int32_t* r = rb.at(P.rw_b ? b : 0, P.rw_h ? h : 0, qb);
+        if (r[0] >= r[1] || r[1] <= j0 || r[0] >= j0 + jn) continue;
+      }
+      if (P.tile_class && P.tile_class[b * P.tc_b + h * P.tc_h + qb * P.nbk + kb] == EMPTY) continue;
+      const int64_t sub = (h - g * group) * nbq + qb;  // the query block's place in the dQ order
+      order.publish(tid, it, sub);                     // every block before it is added or not ours
       const int64_t i0 = qb * P.bq, nr = imin(P.bq, P.Nq - i0);
       const int nlg = int((nr + kLanes - 1) / kLanes);
-      bool any = false;
+      int64_t ra[4], rz[4], ja = jn, jz = 0;  // each lane group's keys [ra, rz), their union [ja, jz)
       for (int lg = 0; lg < nlg; ++lg) {
         LaneGroup& L = lgs[lg];
         L.b = b;
@@ -104,13 +194,29 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
           L.i[l] = i0 + lg * kLanes + (l < L.n ? l : 0);
         }
         classify(P, L, kb, j0, jn, tm[lg]);
-        any = any || tm[lg].mode != TILE_SKIP;
+        ra[lg] = 0;
+        rz[lg] = tm[lg].mode == TILE_SKIP ? 0 : jn;
+        if (tm[lg].mode == TILE_MASKED) {
+          ra[lg] = jn;
+          rz[lg] = 0;
+          for (int l = 0; l < L.n; ++l)
+            if (tm[lg].lo[l] < tm[lg].hi[l]) {
+              ra[lg] = imin(ra[lg], tm[lg].lo[l]);
+              rz[lg] = imax(rz[lg], tm[lg].hi[l]);
+            }
+        }
+        if (ra[lg] >= rz[lg]) {
+          tm[lg].mode = TILE_SKIP;
+          continue;
+        }
+        ja = imin(ja, ra[lg]);
+        jz = imax(jz, rz[lg]);
       }
-      if (!any) continue;
+      if (ja >= jz) continue;
       // Q and dO rows of the block, zero-padded to dkp / dvp and to whole lane groups
       std::memset(static_cast<void*>(S.qs), 0, sizeof(C) * size_t(W * dkp));
       std::memset(static_cast<void*>(S.dos), 0, sizeof(C) * size_t(W * dvp));
-      uint8_t row_bad[kBlockQ] = {};
+      uint8_t row_bad[kBlockQ] = {}, dq_nan[kBlockQ] = {};
       for (int64_t r = 0; r < nr; ++r) {
         const T* qrow = q + b * P.q.s0 + h * P.q.s1 + (i0 + r) * P.q.s2;
         const T* drow = dout + b * P.dout_s.s0 + h * P.dout_s.s1 + (i0 + r) * P.dout_s.s2;
@@ -128,13 +234,17 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
         const LaneGroup& L = lgs[lg];
         C* pt = S.pt + lg * kLanes;
         C* dst = S.dst + lg * kLanes;
-        if (tm[lg].mode == TILE_SKIP) {
-          for (int64_t jj = 0; jj < jn; ++jj) {
-            vstore(pt + jj * W, vzero<V>());
-            vstore(dst + jj * W, vzero<V>());
-          }
-          continue;
+        const int64_t a = tm[lg].mode == TILE_SKIP ? ja : ra[lg], z = tm[lg].mode == TILE_SKIP ? ja : rz[lg];
+        // outside its own keys, the lane group's columns of the block-wide P^T, dS^T are zero
+        for (int64_t jj = ja; jj < a; ++jj) {
+          vstore(pt + jj * W, vzero<V>());
+          vstore(dst + jj * W, vzero<V>());
         }
+        for (int64_t jj = z; jj < jz; ++jj) {
+          vstore(pt + jj * W, vzero<V>());
+          vstore(dst + jj * W, vzero<V>());
+        }
+        if (tm[lg].mode == TILE_SKIP) continue;
         C* qt = S.qt + lg * P.Dk * kLanes;
         C* dot = S.dot + lg * P.Dv * kLanes;
         const C qf = C(q_prescale(P));
@@ -162,28 +272,28 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
           dd[l] = sends_nan ? C(0) : dx;
           if (!sends_nan) continue;
           bool touched = false;
-          for (int64_t jj = 0; jj < jn; ++jj)
+          for (int64_t jj = a; jj < z; ++jj)
             if (lane_allows(P, L, tm[lg], l, j0, jj)) {
               key_nan[jj] = 1;
               touched = true;
             }
           if (touched) {
-            C* dqr = dq_acc + row * P.Dk;
-            for (int64_t d = 0; d < P.Dk; ++d) dqr[d] = C(NAN);
+            dq_nan[lg * kLanes + l] = 1;  // written NaN in dQ's order below
             __atomic_store_n(row_nan + row, uint8_t(1), __ATOMIC_RELAXED);
           }
         }
-        // S^T and P^T (Alg. 2 lines 11, 13)
-        gemm16<false>(pt, W, S.kc, dkp, 1, qt, kLanes, jn, P.Dk);
+        const int64_t n = z - a;
+        // S^T and P^T (Alg. 2 lines 11, 13), keys [a, z) only
+        gemm16<false>(pt + a * W, W, S.kc + a * dkp, dkp, 1, qt, kLanes, n, P.Dk);
         {
           const bool masked = tm[lg].mode == TILE_MASKED;
-          alignas(64) C a[kLanes], z[kLanes];
+          alignas(64) C lo_[kLanes], hi_[kLanes];
           for (int l = 0; l < kLanes; ++l) {
-            a[l] = C(tm[lg].lo[l]);
-            z[l] = C(tm[lg].hi[l]);
+            lo_[l] = C(tm[lg].lo[l]);
+            hi_[l] = C(tm[lg].hi[l]);
           }
-          const V lo = vload(a), hi = vload(z), lv = vload(lse2), lv_lo = vload(lse2_lo), u = vset1<V>(C(unit));
-          for (int64_t jj = 0; jj < jn; ++jj) {
+          const V lo = vload(lo_), hi = vload(hi_), lv = vload(lse2), lv_lo = vload(lse2_lo), u = vset1<V>(C(unit));
+          for (int64_t jj = a; jj < z; ++jj) {
             V dv = vzero<V>();
             const C* add = has_add ? S.addt + jj * kLanes : nullptr;
             V s = want_d ? score_row<V, true>(P, ml, vload(pt + jj * W), j0 + jj, add, &dv)
@@ -197,47 +307,59 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int64_t b, int64_t g, int64
           }
         }
         // dP^T = V dO^T (line 14)
-        gemm16<false>(dst, W, S.vc, dvp, 1, dot, kLanes, jn, P.Dv);
+        gemm16<false>(dst + a * W, W, S.vc + a * dvp, dvp, 1, dot, kLanes, n, P.Dv);
         if (drop) {
           for (int l = 0; l < kLanes; ++l)
-            for (int64_t jj = 0; jj < jn; ++jj) S.zt[jj * kLanes + l] = C(0);
+            for (int64_t jj = a; jj < z; ++jj) S.zt[jj * kLanes + l] = C(0);
           for (int l = 0; l < L.n; ++l)
-            philox_row(P.seed, uint32_t(b), uint32_t(h), uint32_t(L.i[l]), j0, j0 + jn, thr,
+            philox_row(P.seed, uint32_t(b), uint32_t(h), uint32_t(L.i[l]), j0 + a, j0 + z, thr,
                        [&](int64_t j, bool keep) { S.zt[(j - j0) * kLanes + l] = keep ? inv_keep : C(0); });
         }
         // dS^T = P^T o (dP^T - D) (line 16); the dropped P^T goes on to dV
         const V dvec = vload(dd);
-        for (int64_t jj = 0; jj < jn; ++jj) {
+        for (int64_t jj = a; jj < z; ++jj) {
           V p = vload(pt + jj * W), dp = vload(dst + jj * W);
           if (drop) {
-            const V z = vload(S.zt + jj * kLanes);
-            dp = vmul(dp, z);
-            vstore(pt + jj * W, vmul(p, z));
+            const V zk = vload(S.zt + jj * kLanes);
+            dp = vmul(dp, zk);
+            vstore(pt + jj * W, vmul(p, zk));
           }
           V ds = vmul(p, vsub(dp, dvec));
           if (want_d) ds = vmul(ds, vload(S.dfac + jj * kLanes));
           vstore(dst + jj * W, ds);
         }
-        // dQ^T = K^T dS^T for this lane group (line 18), into this thread's dQ rows
-        gemm16<false>(S.dqt, kLanes, S.kc, 1, dkp, dst, W, P.Dk, jn);
-        const C sc = C(P.scale);
-        for (int l = 0; l < L.n; ++l) {
-          C* dqr = dq_acc + ((b * P.H + h) * P.Nq + L.i[l]) * P.Dk;
-          for (int64_t d = 0; d < P.Dk; ++d) dqr[d] += S.dqt[d * kLanes + l] * sc;
-        }
+        // dQ^T = K^T dS^T for this lane group (line 18), added to dQ in order below
+        gemm16<false>(S.dqt + lg * P.Dk * kLanes, kLanes, S.kc + a * dkp, 1, dkp, dst + a * W, W, P.Dk, n);
       }
-      // dV += P^T dO, dK += dS^T Q over the whole block (lines 12, 17): lanes over Dv / Dk. The
-      // block's sum starts from zero and is added compensated (microkernel.hpp): over Nq rows the
+      // dV += P^T dO, dK += dS^T Q over the block's keys [ja, jz) (lines 12, 17): lanes over Dv / Dk.
+      // The block's sum starts from zero and is added compensated (microkernel.hpp): over Nq rows the
       // error stays that of one block's sum instead of growing with Nq / 64.
       const V one = vset1<V>(C(1));
+      const int64_t nj = jz - ja, rq = int64_t(nlg) * kLanes;
       for (int64_t c = 0; c < dvp / kLanes; ++c)
-        gemm16_kahan(S.dva + c * kLanes, S.dvc + c * kLanes, dvp, S.pt, W, 1, S.dos + c * kLanes, dvp, jn,
-                     int64_t(nlg) * kLanes, one);
+        gemm16_kahan(S.dva + ja * dvp + c * kLanes, S.dvc + ja * dvp + c * kLanes, dvp, S.pt + ja * W, W, 1,
+                     S.dos + c * kLanes, dvp, nj, rq, one);
       for (int64_t c = 0; c < dkp / kLanes; ++c)
-        gemm16_kahan(S.dka + c * kLanes, S.dkc + c * kLanes, dkp, S.dst, W, 1, S.qs + c * kLanes, dkp, jn,
-                     int64_t(nlg) * kLanes, one);
+        gemm16_kahan(S.dka + ja * dkp + c * kLanes, S.dkc + ja * dkp + c * kLanes, dkp, S.dst + ja * W, W, 1,
+                     S.qs + c * kLanes, dkp, nj, rq, one);
+      // this tile's dQ rows, after every lower key tile's (DqOrder)
+      order.wait(tid, it, sub);
+      const C sc = C(P.scale);
+      for (int lg = 0; lg < nlg; ++lg) {
+        if (tm[lg].mode == TILE_SKIP) continue;
+        const C* dqt = S.dqt + lg * P.Dk * kLanes;
+        for (int l = 0; l < lgs[lg].n; ++l) {
+          C* dqr = dq + ((b * P.H + h) * P.Nq + lgs[lg].i[l]) * P.Dk;
+          if (dq_nan[lg * kLanes + l])
+            for (int64_t d = 0; d < P.Dk; ++d) dqr[d] = C(NAN);
+          else
+            for (int64_t d = 0; d < P.Dk; ++d) dqr[d] += dqt[d * kLanes + l] * sc;
+        }
+      }
+      order.publish(tid, it, sub + 1);
     }
   }
+  order.publish(tid, it, order.S);
   C* dk = static_cast<C*>(P.dk);
   C* dvo = static_cast<C*>(P.dv);
   const C sc = C(P.scale);
