@@ -6,7 +6,7 @@
 // GQA sum happens here, no K/V copy), and walks the query blocks with
 //   S^T = K Q^T, P^T = exp2(S^T - lse), dP^T = V dO^T, dS^T = P^T o (dP^T - D)   (Alg. 2 l. 11-16)
 //   dV += P^T dO,  dK += dS^T Q,  dQ += dS K                                       (l. 12, 17, 18)
-// with D_i = rowsum(dO o O) - dlse_i computed once, in float64.
+// with D_i = rowsum(dO o O) - dlse_i in float64 (row_delta).
 //
 // Non-finite numbers (finite.hpp): non-finite K/V rows are zeroed in the tile copies, so a hidden
 // one never reaches a gradient. A row whose forward was NaN (lse NaN), or whose q, dO, D or an
@@ -93,45 +93,89 @@ struct RowBlocks {
   }
 };
 
+// Per-thread scratch from calloc: fresh pages read as zero and become resident only when touched,
+// so the buffers a call leaves unused (mods, bias, dropout tiles; dK / dV copies when the output rows
+// hold the sums) cost no memory, unlike a memset arena.
+struct LazyArena {
+  void* raw = nullptr;
+  char* base = nullptr;
+  size_t per_thread = 0;
+  ~LazyArena() { std::free(raw); }
+  bool alloc(int threads, size_t bytes) {
+    per_thread = size_t(round_up(int64_t(bytes), 64));
+    raw = std::calloc(per_thread * size_t(threads) + 64, 1);
+    if (!raw) return false;
+    base = static_cast<char*>(raw) + (64 - reinterpret_cast<uintptr_t>(raw) % 64) % 64;
+    return true;
+  }
+  char* at(int tid) const { return base + per_thread * size_t(tid); }
+};
+
 // dQ summed in one fixed order without a copy per thread. Every key tile adds its dQ rows of a
-// query block only after every lower key tile (lower item index) of the same (b, kv head) has
-// added its own, so dQ = sum over key tiles in ascending order: the same bits for any thread count
-// and schedule, and no B*H*Nq*Dk partial per thread (8 MiB per thread at N = 32768, D = 64). The
-// order is kept FlashAttention-3's way (its deterministic backward, one semaphore per query block,
-// arXiv:2407.08608): here each thread publishes its position (item * S + query blocks done,
-// release) and a thread about to add waits (acquire) for the other threads' last lower items.
-// Items go round-robin (item t, t + T, ...), each thread in ascending order, so those are known;
-// the lowest item in flight never waits (no deadlock), and threads of one call all run at once
-// (threads.hpp). With key tiles of one (b, g) spread over the threads they walk the query blocks
-// one step apart, a pipeline, not a serialisation.
+// query block only after every lower key tile of the same (b, kv head) has added its own, so dQ =
+// sum over key tiles in ascending order: the same bits for any thread count and schedule, and no
+// B*H*Nq*Dk partial per thread (8 MiB per thread at N = 32768, D = 64).
+// The schedule: whole (b, g) slices round-robin over the threads while every thread gets one (no
+// thread ever waits: their dQ rows are disjoint); the last B*Hkv mod T slices have their key tiles
+// round-robin over all threads (item t, t + T, ...), each thread in ascending order. Only those
+// wait, FlashAttention-3's way (its deterministic backward keeps one semaphore per query block,
+// arXiv:2407.08608): each thread publishes its position (item * S + query blocks done, release) and
+// a thread about to add waits (acquire) for the other threads' last lower items of its slice. The
+// lowest item in flight never waits (no deadlock; all threads of a call run at once, threads.hpp);
+// causal tiles then walk the query blocks one step apart, a pipeline, but a narrow band overlaps its
+// neighbour tiles' blocks early and serialises more (~1.3x on 2 threads, window 256, one head).
 struct DqOrder {
   int64_t* pos = nullptr;  // per thread, one cache line apart
   int nt = 1;
-  int64_t S = 1, nkb = 1;  // S: query blocks of an item (its heads x nbq) + 1
+  int64_t S = 1, nkb = 1, n_items = 0;  // S: query blocks of an item (its heads x nbq) + 1
+  int64_t whole = 0;                    // items of the slices taken whole: [0, whole)
   static constexpr int kLine = 8;
   ~DqOrder() { std::free(pos); }
-  bool init(int threads, int64_t s, int64_t kbs) {
+  bool init(int threads, int64_t s, int64_t kbs, int64_t slices) {
     nt = threads;
     S = s;
     nkb = kbs;
+    n_items = slices * kbs;
+    whole = slices / nt * nt * kbs;
     pos = static_cast<int64_t*>(std::calloc(size_t(nt * kLine), sizeof(int64_t)));
     return pos != nullptr;
+  }
+  // Thread tid's n-th item, or -1 when it has no more; ascending in n.
+  int64_t item(int tid, int64_t n) const {
+    const int64_t per = whole / nt;  // items of the whole slices of each thread
+    if (n < per) return (tid + n / nkb * nt) * nkb + n % nkb;
+    const int64_t it = whole + tid + (n - per) * nt;
+    return it < n_items ? it : -1;
   }
   void publish(int tid, int64_t it, int64_t done) const {
     __atomic_store_n(pos + tid * kLine, it * S + done, __ATOMIC_RELEASE);
   }
   // Until every lower item of it's (b, g) has finished query block s.
   void wait(int tid, int64_t it, int64_t s) const {
+    if (it < whole) return;
     for (int t = 0; t < nt; ++t) {
       if (t == tid) continue;
-      const int64_t prev = it - (it - t + nt) % nt;  // t's last item below it
-      if (prev < 0 || prev / nkb != it / nkb) continue;
+      const int64_t r = it - whole, prev = it - (r - t + nt) % nt;  // t's last item below it
+      if (prev < whole || prev / nkb != it / nkb) continue;
       const int64_t need = prev * S + s + 1;
       for (int spin = 0; __atomic_load_n(pos + t * kLine, __ATOMIC_ACQUIRE) < need; ++spin)
         if (spin >= 64) sched_yield();  // the machine may be shared: give the core to the thread awaited
     }
   }
 };
+
+// D_i = rowsum(dO o O) - dlse_i of row i (Alg. 2 line 4), summed in float64 (it is subtracted from
+// dP: keep it exact). Recomputed where a query block meets a key tile instead of kept in a
+// B*H*Nq buffer: Dv products per row against the tile's ~5 Dk BK products, <0.2% of the work.
+template <class T>
+static inline typename Compute<T>::type row_delta(const Params& P, int64_t b, int64_t h, int64_t i, const T* drow) {
+  using C = typename Compute<T>::type;
+  const T* orow = static_cast<const T*>(P.out_s.data) + b * P.out_s.s0 + h * P.out_s.s1 + i * P.out_s.s2;
+  double acc = 0;
+  for (int64_t d = 0; d < P.Dv; ++d) acc += double(to_c<C>(orow[d])) * double(to_c<C>(drow[d]));
+  if (P.dlse) acc -= load_any(P.dlse, b * P.dlse_s.s0 + h * P.dlse_s.s1 + i * P.dlse_s.s2, P.dlse_dtype);
+  return C(acc);
+}
 
 // One key tile: dK, dV of keys [j0, j0 + jn) of (b, g); dQ contributions added to dq in order.
 // Exact ranges: only the query blocks whose rows can see the tile are visited (RowBlocks, tile
@@ -141,8 +185,7 @@ struct DqOrder {
 // then about half a tile, and a narrow band only its band.
 template <class T>
 static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_t b, int64_t g, int64_t kb,
-                     const RowBlocks& rb, const DqOrder& order, const typename Compute<T>::type* Dbuf,
-                     typename Compute<T>::type* dq, uint8_t* row_nan) {
+                     const RowBlocks& rb, const DqOrder& order, typename Compute<T>::type* dq, uint8_t* row_nan) {
   using C = typename Compute<T>::type;
   using V = typename VecOf<C>::V;
   constexpr int64_t W = BwdBufs<T>::W;
@@ -155,8 +198,14 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_
   if (scan_rows(S.kc, dkp, jn, P.Dk, bad_k)) zeroed_rows(S.kc, dkp, jn, P.Dk, bad_k, S.kc, dkp);
   if (scan_rows(S.vc, dvp, jn, P.Dv, bad_v)) zeroed_rows(S.vc, dvp, jn, P.Dv, bad_v, S.vc, dvp);
   uint8_t key_nan[kBlockK] = {};  // keys attended by a row that sends NaN
-  std::memset(static_cast<void*>(S.dka), 0, sizeof(C) * size_t(P.bk * dkp));
-  std::memset(static_cast<void*>(S.dva), 0, sizeof(C) * size_t(P.bk * dvp));
+  // dK, dV summed in the output rows themselves when their rows need no padding (Dk, Dv multiples
+  // of 16, the usual head sizes): the scratch copies are then never touched (no memory)
+  C* dk = static_cast<C*>(P.dk) + ((b * P.Hkv + g) * P.Nk + j0) * P.Dk;
+  C* dvo = static_cast<C*>(P.dv) + ((b * P.Hkv + g) * P.Nk + j0) * P.Dv;
+  C* dka = P.Dk == dkp ? dk : S.dka;
+  C* dva = P.Dv == dvp ? dvo : S.dva;
+  std::memset(static_cast<void*>(dka), 0, sizeof(C) * size_t(jn * dkp));
+  std::memset(static_cast<void*>(dva), 0, sizeof(C) * size_t(jn * dvp));
   std::memset(static_cast<void*>(S.dkc), 0, sizeof(C) * size_t(P.bk * dkp));
   std::memset(static_cast<void*>(S.dvc), 0, sizeof(C) * size_t(P.bk * dvp));
   const T* dout = static_cast<const T*>(P.dout);
@@ -217,6 +266,7 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_
       std::memset(static_cast<void*>(S.qs), 0, sizeof(C) * size_t(W * dkp));
       std::memset(static_cast<void*>(S.dos), 0, sizeof(C) * size_t(W * dvp));
       uint8_t row_bad[kBlockQ] = {}, dq_nan[kBlockQ] = {};
+      alignas(64) C drow_dot[kBlockQ];  // D_i = rowsum(dO o O) - dlse_i
       for (int64_t r = 0; r < nr; ++r) {
         const T* qrow = q + b * P.q.s0 + h * P.q.s1 + (i0 + r) * P.q.s2;
         const T* drow = dout + b * P.dout_s.s0 + h * P.dout_s.s1 + (i0 + r) * P.dout_s.s2;
@@ -224,6 +274,7 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_
         C* dd_ = S.dos + r * dvp;
         for (int64_t d = 0; d < P.Dk; ++d) qd[d] = to_c<C>(qrow[d]);
         for (int64_t d = 0; d < P.Dv; ++d) dd_[d] = to_c<C>(drow[d]);
+        drow_dot[r] = row_delta<T>(P, b, h, i0 + r, drow);
         if (!all_finite(qd, P.Dk) || !all_finite(dd_, P.Dv)) {
           row_bad[r] = 1;
           std::memset(static_cast<void*>(qd), 0, sizeof(C) * size_t(P.Dk));
@@ -260,7 +311,7 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_
         for (int l = 0; l < kLanes; ++l) {
           const int64_t row = (b * P.H + h) * P.Nq + L.i[l];
           const C x = l < L.n ? lse[b * P.lse_s.s0 + h * P.lse_s.s1 + L.i[l] * P.lse_s.s2] : C(-INFINITY);
-          const C dx = l < L.n ? Dbuf[row] : C(0);
+          const C dx = l < L.n ? drow_dot[lg * kLanes + l] : C(0);
           bool sends_nan =
               l < L.n && (fl[l] || row_bad[lg * kLanes + l] || !(x == x) || x == C(INFINITY) || !std::isfinite(dx));
           // a row that saw no key (lse = -inf) must get P = 0: exp2(s - inf); so does one sending NaN
@@ -279,7 +330,7 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_
             }
           if (touched) {
             dq_nan[lg * kLanes + l] = 1;  // written NaN in dQ's order below
-            __atomic_store_n(row_nan + row, uint8_t(1), __ATOMIC_RELAXED);
+            __atomic_fetch_or(row_nan + row / 8, uint8_t(1u << (row % 8)), __ATOMIC_RELAXED);
           }
         }
         const int64_t n = z - a;
@@ -337,10 +388,10 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_
       const V one = vset1<V>(C(1));
       const int64_t nj = jz - ja, rq = int64_t(nlg) * kLanes;
       for (int64_t c = 0; c < dvp / kLanes; ++c)
-        gemm16_kahan(S.dva + ja * dvp + c * kLanes, S.dvc + ja * dvp + c * kLanes, dvp, S.pt + ja * W, W, 1,
+        gemm16_kahan(dva + ja * dvp + c * kLanes, S.dvc + ja * dvp + c * kLanes, dvp, S.pt + ja * W, W, 1,
                      S.dos + c * kLanes, dvp, nj, rq, one);
       for (int64_t c = 0; c < dkp / kLanes; ++c)
-        gemm16_kahan(S.dka + ja * dkp + c * kLanes, S.dkc + ja * dkp + c * kLanes, dkp, S.dst + ja * W, W, 1,
+        gemm16_kahan(dka + ja * dkp + c * kLanes, S.dkc + ja * dkp + c * kLanes, dkp, S.dst + ja * W, W, 1,
                      S.qs + c * kLanes, dkp, nj, rq, one);
       // this tile's dQ rows, after every lower key tile's (DqOrder)
       order.wait(tid, it, sub);
@@ -360,15 +411,13 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_
     }
   }
   order.publish(tid, it, order.S);
-  C* dk = static_cast<C*>(P.dk);
-  C* dvo = static_cast<C*>(P.dv);
   const C sc = C(P.scale);
-  for (int64_t jj = 0; jj < jn; ++jj) {
-    C* kr = dk + ((b * P.Hkv + g) * P.Nk + j0 + jj) * P.Dk;
-    C* vr = dvo + ((b * P.Hkv + g) * P.Nk + j0 + jj) * P.Dv;
+  for (int64_t jj = 0; jj < jn; ++jj) {  // in place when dka / dva are the output rows
+    C* kr = dk + jj * P.Dk;
+    C* vr = dvo + jj * P.Dv;
     const C nan_or_1 = key_nan[jj] ? C(NAN) : C(1);
-    for (int64_t d = 0; d < P.Dk; ++d) kr[d] = S.dka[jj * dkp + d] * sc * nan_or_1;
-    for (int64_t d = 0; d < P.Dv; ++d) vr[d] = S.dva[jj * dvp + d] * nan_or_1;
+    for (int64_t d = 0; d < P.Dk; ++d) kr[d] = dka[jj * dkp + d] * sc * nan_or_1;
+    for (int64_t d = 0; d < P.Dv; ++d) vr[d] = dva[jj * dvp + d] * nan_or_1;
     if (!key_nan[jj] && !(all_finite(kr, P.Dk) && all_finite(vr, P.Dv))) count_row(P, kOverflow);
   }
 }

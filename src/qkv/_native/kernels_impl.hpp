@@ -119,12 +119,11 @@ template <class T>
 struct BwdJob {
   using C = typename Compute<T>::type;
   const Params* P;
-  Arena arena;
+  LazyArena arena;
   int nt = 1;
   int64_t n_items = 0, nkb = 0;
-  C* Dbuf = nullptr;
   C* dq = nullptr;
-  uint8_t* row_nan = nullptr;  // (B, H, Nq): the row sent NaN along its edges (finite.hpp)
+  uint8_t* row_nan = nullptr;  // (B, H, Nq) bits: the row sent NaN along its edges (finite.hpp)
   RowBlocks rb;
   DqOrder order;
 };
@@ -135,9 +134,11 @@ static void bwd_task(void* ctx, int tid) {
   const Params& P = *J.P;
   BwdBufs<T> S;
   S.carve(P, J.arena.at(tid));
-  for (int64_t it = tid; it < J.n_items; it += J.nt) {  // round-robin, ascending: DqOrder relies on it
+  for (int64_t n = 0;; ++n) {  // DqOrder's schedule
+    const int64_t it = J.order.item(tid, n);
+    if (it < 0) break;
     const int64_t kb = it % J.nkb, bg = it / J.nkb;
-    bwd_item<T>(P, S, tid, it, bg / P.Hkv, bg % P.Hkv, kb, J.rb, J.order, J.Dbuf, J.dq, J.row_nan);
+    bwd_item<T>(P, S, tid, it, bg / P.Hkv, bg % P.Hkv, kb, J.rb, J.order, J.dq, J.row_nan);
   }
 }
 
@@ -151,33 +152,18 @@ static bool backward_impl(const Params& P) {
   // every thread of the call must run at once (DqOrder waits on the others): one without a pool
   J.nt = P.parallel ? int(imax(1, imin(P.threads, J.n_items))) : 1;
   const int64_t rows = P.B * P.H * P.Nq, dq_n = rows * P.Dk, nbq = (P.Nq + P.bq - 1) / P.bq;
-  // D_i = rowsum(dO o O) - dlse_i, summed in float64 (it is subtracted from dP: keep it exact)
-  J.Dbuf = static_cast<C*>(std::malloc(sizeof(C) * size_t(rows)));
-  J.row_nan = static_cast<uint8_t*>(std::calloc(size_t(rows), 1));
-  bool ok = J.Dbuf && J.row_nan && J.rb.build(P) && J.order.init(J.nt, (P.H / P.Hkv) * nbq + 1, J.nkb) &&
+  J.row_nan = static_cast<uint8_t*>(std::calloc(size_t((rows + 7) / 8), 1));
+  bool ok = J.row_nan && J.rb.build(P) && J.order.init(J.nt, (P.H / P.Hkv) * nbq + 1, J.nkb, P.B * P.Hkv) &&
             J.arena.alloc(J.nt, BwdBufs<T>::bytes(P));
   if (ok) {
-    const T* o = static_cast<const T*>(P.out_s.data);
-    const T* dout = static_cast<const T*>(P.dout);
-    for (int64_t b = 0; b < P.B; ++b)
-      for (int64_t h = 0; h < P.H; ++h)
-        for (int64_t i = 0; i < P.Nq; ++i) {
-          const T* orow = o + b * P.out_s.s0 + h * P.out_s.s1 + i * P.out_s.s2;
-          const T* drow = dout + b * P.dout_s.s0 + h * P.dout_s.s1 + i * P.dout_s.s2;
-          double acc = 0;
-          for (int64_t d = 0; d < P.Dv; ++d) acc += double(to_c<C>(orow[d])) * double(to_c<C>(drow[d]));
-          if (P.dlse) acc -= load_any(P.dlse, b * P.dlse_s.s0 + h * P.dlse_s.s1 + i * P.dlse_s.s2, P.dlse_dtype);
-          J.Dbuf[(b * P.H + h) * P.Nq + i] = C(acc);
-        }
     J.dq = static_cast<C*>(P.dq);
     std::memset(static_cast<void*>(J.dq), 0, sizeof(C) * size_t(dq_n));
     run_parallel(P, J.nt, &bwd_task<T>, &J);
     // dQ rows that are not finite although their row sent no NaN: finite inputs overflowed
     for (int64_t r = 0; r < rows; ++r)
-      if (!J.row_nan[r] && !all_finite(J.dq + r * P.Dk, P.Dk)) count_row(P, kOverflow);
+      if (!((J.row_nan[r / 8] >> (r % 8)) & 1) && !all_finite(J.dq + r * P.Dk, P.Dk)) count_row(P, kOverflow);
   }
   std::free(J.row_nan);
-  std::free(J.Dbuf);
   return ok;
 }
 
