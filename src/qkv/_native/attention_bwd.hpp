@@ -192,11 +192,19 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_
   const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes);
   const int64_t j0 = kb * P.bk, jn = imin(P.bk, P.Nk - j0), group = P.H / P.Hkv;
   int64_t ldk, ldv;
-  kv_tile<T, C>(P.k, b, g, j0, jn, P.Dk, S.kc, dkp, true, ldk);
-  kv_tile<T, C>(P.v, b, g, j0, jn, P.Dv, S.vc, dvp, true, ldv);
+  // K, V read in place when already in the compute type and finite (as the forward does: the copies
+  // stay untouched, no memory); widened or with non-finite rows zeroed into S.kc / S.vc otherwise
+  const C* kp = kv_tile<T, C>(P.k, b, g, j0, jn, P.Dk, S.kc, dkp, false, ldk);
+  const C* vp = kv_tile<T, C>(P.v, b, g, j0, jn, P.Dv, S.vc, dvp, false, ldv);
   TileRows bad_k, bad_v;
-  if (scan_rows(S.kc, dkp, jn, P.Dk, bad_k)) zeroed_rows(S.kc, dkp, jn, P.Dk, bad_k, S.kc, dkp);
-  if (scan_rows(S.vc, dvp, jn, P.Dv, bad_v)) zeroed_rows(S.vc, dvp, jn, P.Dv, bad_v, S.vc, dvp);
+  if (scan_rows(kp, ldk, jn, P.Dk, bad_k)) {
+    kp = zeroed_rows(kp, ldk, jn, P.Dk, bad_k, S.kc, dkp);
+    ldk = dkp;
+  }
+  if (scan_rows(vp, ldv, jn, P.Dv, bad_v)) {
+    vp = zeroed_rows(vp, ldv, jn, P.Dv, bad_v, S.vc, dvp);
+    ldv = dvp;
+  }
   uint8_t key_nan[kBlockK] = {};  // keys attended by a row that sends NaN
   // dK, dV summed in the output rows themselves when their rows need no padding (Dk, Dv multiples
   // of 16, the usual head sizes): the scratch copies are then never touched (no memory)
@@ -335,7 +343,7 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_
         }
         const int64_t n = z - a;
         // S^T and P^T (Alg. 2 lines 11, 13), keys [a, z) only
-        gemm16<false>(pt + a * W, W, S.kc + a * dkp, dkp, 1, qt, kLanes, n, P.Dk);
+        gemm16<false>(pt + a * W, W, kp + a * ldk, ldk, 1, qt, kLanes, n, P.Dk);
         {
           const bool masked = tm[lg].mode == TILE_MASKED;
           alignas(64) C lo_[kLanes], hi_[kLanes];
@@ -358,7 +366,7 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_
           }
         }
         // dP^T = V dO^T (line 14)
-        gemm16<false>(dst + a * W, W, S.vc + a * dvp, dvp, 1, dot, kLanes, n, P.Dv);
+        gemm16<false>(dst + a * W, W, vp + a * ldv, ldv, 1, dot, kLanes, n, P.Dv);
         if (drop) {
           for (int l = 0; l < kLanes; ++l)
             for (int64_t jj = a; jj < z; ++jj) S.zt[jj * kLanes + l] = C(0);
@@ -380,7 +388,7 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_
           vstore(dst + jj * W, ds);
         }
         // dQ^T = K^T dS^T for this lane group (line 18), added to dQ in order below
-        gemm16<false>(S.dqt + lg * P.Dk * kLanes, kLanes, S.kc + a * dkp, 1, dkp, dst + a * W, W, P.Dk, n);
+        gemm16<false>(S.dqt + lg * P.Dk * kLanes, kLanes, kp + a * ldk, 1, ldk, dst + a * W, W, P.Dk, n);
       }
       // dV += P^T dO, dK += dS^T Q over the block's keys [ja, jz) (lines 12, 17): lanes over Dv / Dk.
       // The block's sum starts from zero and is added compensated (microkernel.hpp): over Nq rows the
