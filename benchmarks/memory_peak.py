@@ -95,7 +95,8 @@ def main() -> None:
         runs = [measure(name, args.batch, args.heads, args.n, args.d) for _ in range(args.rounds)]
         res[name] = min(r[0] for r in runs)
         label = "qkv.attention(causal=True)" if name == "qkv" else "F.scaled_dot_product_attention(is_causal=True)"
-        print(f"| {label} | {res[name]:.1f} ({', '.join(f'{r[0]:.1f}' for r in runs)}) | {runs[0][1]:.1f} |", flush=True)
+        each = ", ".join(f"{r[0]:.1f}" for r in runs)
+        print(f"| {label} | {res[name]:.1f} ({each}) | {runs[0][1]:.1f} |", flush=True)
     print(f"\nqkv / sdpa = {res['qkv'] / res['sdpa']:.3f} (target <= 1)")
 
 

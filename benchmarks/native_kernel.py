@@ -171,7 +171,7 @@ def case_sparse(reps):
                 lambda mask=mask: sdpa_masked(q, k, v, mask, dout),
                 max(2, reps // 2),
             ),
-            ">= 25x",
+            ">= 35x",
         )
 
 

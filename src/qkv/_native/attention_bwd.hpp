@@ -64,6 +64,9 @@ struct BwdBufs {
 struct RowBlocks {
   int32_t* lohi = nullptr;  // (Bm, Hm, nbq, 2)
   int64_t sb = 0, sh = 0;
+  RowBlocks() = default;
+  RowBlocks(const RowBlocks&) = delete;  // owns its buffer: a copy would free it twice
+  RowBlocks& operator=(const RowBlocks&) = delete;
   ~RowBlocks() { std::free(lohi); }
   const int32_t* at(int64_t b, int64_t h, int64_t qb) const { return lohi + b * sb + h * sh + qb * 2; }
   bool build(const Params& P) {
@@ -100,6 +103,9 @@ struct LazyArena {
   void* raw = nullptr;
   char* base = nullptr;
   size_t per_thread = 0;
+  LazyArena() = default;
+  LazyArena(const LazyArena&) = delete;  // owns its buffer: a copy would free it twice
+  LazyArena& operator=(const LazyArena&) = delete;
   ~LazyArena() { std::free(raw); }
   bool alloc(int threads, size_t bytes) {
     per_thread = size_t(round_up(int64_t(bytes), 64));
@@ -130,6 +136,9 @@ struct DqOrder {
   int64_t S = 1, nkb = 1, n_items = 0;  // S: query blocks of an item (its heads x nbq) + 1
   int64_t whole = 0;                    // items of the slices taken whole: [0, whole)
   static constexpr int kLine = 8;
+  DqOrder() = default;
+  DqOrder(const DqOrder&) = delete;  // owns its buffer: a copy would free it twice
+  DqOrder& operator=(const DqOrder&) = delete;
   ~DqOrder() { std::free(pos); }
   bool init(int threads, int64_t s, int64_t kbs, int64_t slices) {
     nt = threads;
