@@ -146,7 +146,7 @@ struct DqOrder {
     nkb = kbs;
     n_items = slices * kbs;
     whole = slices / nt * nt * kbs;
-    pos = static_cast<int64_t*>(std::calloc(size_t(nt * kLine), sizeof(int64_t)));
+    pos = static_cast<int64_t*>(std::calloc(size_t(nt) * size_t(kLine), sizeof(int64_t)));
     return pos != nullptr;
   }
   // Thread tid's n-th item, or -1 when it has no more; ascending in n.

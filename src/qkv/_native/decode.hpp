@@ -90,8 +90,9 @@ static inline void prefetch_rows(const E* p, int64_t ld, int64_t rows, int64_t D
 
 template <class C>
 struct DecBufs {
-  C *qr, *orow, *oc, *tsum, *sc, *st, *addt, *kc, *vc, *ml;
-  int64_t dkp, dvp, lds;
+  C *qr = nullptr, *orow = nullptr, *oc = nullptr, *tsum = nullptr, *sc = nullptr, *st = nullptr, *addt = nullptr,
+    *kc = nullptr, *vc = nullptr, *ml = nullptr;
+  int64_t dkp = 0, dvp = 0, lds = 0;  // set by carve()
   static size_t bytes(const Params& P) {
     const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes), lds = round_up(P.bk, kLanes);
     const int64_t n = kThinMaxRows;
@@ -630,7 +631,8 @@ static void decode_task(void* ctx, int tid) {
   const Params& P = *J.P;
   FwdBufs<T> W;
   DecBufs<C> S;
-  if (J.thin) {
+  const bool thin = J.thin;  // read once: the buffers carved here are the ones the loop uses
+  if (thin) {
     char* mem = decode_scratch(DecBufs<C>::bytes(P));
     if (!mem) {
       __atomic_store_n(&J.oom, true, __ATOMIC_RELAXED);
@@ -666,7 +668,7 @@ static void decode_task(void* ctx, int tid) {
       part.o = base + 12 * kLanes;
       pp = &part;
     }
-    if (J.thin) {
+    if (thin) {
       uint8_t fl[kLanes] = {};
       dec_thin<T>(P, S, lgs[0], ka, kz, fl);
       thin_finish<T>(P, S, lgs[0], fl, pp);
