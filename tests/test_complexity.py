@@ -159,9 +159,10 @@ def test_predicted_peak_memory_is_within_2x_of_the_measured(lib, impl, n, h, mas
     # the larger of two fresh-process readings
     got = max((measure(config) for _ in range(2)), key=lambda r: r["extra"])
     if e.peak_bytes < 10e6:
-        # the compiled engine's forward keeps O(N) (lse and per-thread tiles): too little for RSS
-        # to read, so check the bound: less than half of one 16 MiB input, never a copy of one
-        assert impl == "flash" and not backward and got["extra"] <= 2 * max(e.peak_bytes, 4 * 2**20), got
+        # the compiled engine keeps O(N), forward and backward (lse, per-thread strips, a bit per
+        # row; dQ straight into its output): too little for RSS to read, so check the bound: less
+        # than half of one 16 MiB input, never a copy of one (a dQ copy per thread was 10-16 MiB here)
+        assert impl == "flash" and got["extra"] <= 2 * max(e.peak_bytes, 4 * 2**20), got
         return
     assert 0.5 <= got["extra"] / e.peak_bytes <= 2.0, (got, e.peak_bytes)
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from qkv import _native
+
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = re.search(r'__version__ = "([^"]+)"', (ROOT / "src/qkv/_version.py").read_text("utf-8"))[1]
 QUIET = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONWARNINGS": "ignore"}
@@ -129,7 +131,7 @@ def test_the_wheel_installs_and_runs_in_a_fresh_venv(dist, tmp_path):
     out = run(bin_ / "qkv", "explain", cwd=tmp_path).stdout
     assert "the built-in example" in out
     engine = run(python, "-c", "import qkv._native as n; print(n.available(), n.isa())").stdout.split()
-    assert engine[0] == "True" and engine[1] in ("avx512", "avx2", "portable"), engine
+    assert engine == ["True", _native.isas()[0]], engine  # the best path this CPU runs, as in the dev build
     assert re.search(r"0\.5989\s+1\.0000\s+0\.5989\s+1\.2033", out)  # O = AV of the worked example
     assert re.search(r"1\.6206\s+1\.6206", out)  # its lse
 

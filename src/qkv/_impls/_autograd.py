@@ -34,11 +34,15 @@ def _function(forward: Forward, backward: Backward) -> Any:
             res = forward(c, plan)
             ctx.save_for_backward(q, k, v, res.out, res.lse, bias)
             ctx.call, ctx.plan = call, plan
+            # an unused lse gets None, not a (B, H, Nq) tensor of zeros (the kernel takes dlse=None)
+            ctx.set_materialize_grads(False)
             return res.out, res.lse
 
         @staticmethod
         def backward(ctx, dout, dlse):
             q, k, v, out, lse, bias = ctx.saved_tensors
+            if dout is None:  # only lse was used
+                dout = torch.zeros_like(out)
             c = ctx.call._replace(q=q, k=k, v=v)
             if bias is None:
                 return (*backward(dout, c, ctx.plan, out, lse, dlse), None, None, None)

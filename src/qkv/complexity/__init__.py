@@ -35,8 +35,8 @@ Bytes: ``c`` is the compute itemsize (float32 for half precision), ``L = B·H``.
   (BENCHMARKS.md): reference 3 score matrices forward (S, exp(S − m), A) and 7 with
   ``backward`` (torch autograd keeps exp(S − m) and A and builds the gradients beside them;
   NumPy's ``attention_backward`` needs 4), plus the dense boolean mask; flash on the compiled
-  engine ``lse`` and, per thread, one widened key tile with 16-row strips (backward adds
-  ``D = rowsum(dO∘O)`` and one dQ accumulator per extra thread), plus a bit per cell of a mask
+  engine ``lse`` and, per thread, one widened key tile with 16-row strips (backward: the strips
+  and a bit per row; dQ goes straight into its output), plus a bit per cell of a mask
   without row intervals; flash on the array engine the per-tile
   working set (one ``L x block_q x block_k`` score tile forward, three backward, a query
   block and its accumulators) and ``lse``; torch SDPA's per-thread tile buffers plus, with a mask

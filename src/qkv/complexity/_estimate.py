@@ -81,17 +81,18 @@ def _native_peak(
 ) -> int:
     """Peak bytes of the compiled engine (``src/qkv/_native``): per thread, one key tile of K and V
     widened to the compute type plus ``LANES``-row score and accumulator strips; ``lse``; a PARTIAL
-    tile's bit per cell when the mask has no row intervals. Backward adds ``D = rowsum(dO∘O)``,
-    one dQ accumulator per extra thread (summed after: deterministic) and, for half precision,
-    the compute-type gradients the outputs are cast from."""
+    tile's bit per cell when the mask has no row intervals. Backward: per thread the score, dP
+    and gradient strips (K and V are read in place unless half precision widens them; dQ is
+    added in key-tile order into its output, D = rowsum(dO∘O) recomputed per block), ``lse``, a
+    bit per row, and for half precision the compute-type gradients the outputs are cast from."""
     workers = threads()
     g = native.LANES  # rows of a score / accumulator strip
     forward = (2 * bk * (dk + dv) + 2 * g * bk + 4 * g * (dk + dv)) * c
     if not backward:
         return workers * forward + lanes * nq * c + bits
-    scratch = (4 * bk * (dk + dv) + 2 * g * 4 * (dk + dv) + 5 * g * bk) * c
+    scratch = (2 * g * 4 * (dk + dv) + 5 * g * bk) * c + (2 * bk * (dk + dv) * c if c != s else 0)
     rows = lanes * nq
-    peak = workers * scratch + 2 * rows * c + (workers - 1) * rows * dk * c + bits
+    peak = workers * scratch + rows * c + rows // 8 + bits
     if c != s:  # dq, dk, dv accumulate in float32 and are cast to the outputs' dtype
         peak += (rows * dk + kv_lanes * nk * (dk + dv)) * c
     return peak
