@@ -513,36 +513,25 @@ ffi::Error backward_impl(ffi::RemainingArgs args, ffi::RemainingRets rets, doubl
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(QkvFfiForward, forward_impl,
-                              ffi::Ffi::Bind()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<double>("scale")
-                                  .Attr<double>("dropout_p")
-                                  .Attr<int64_t>("seed")
-                                  .Attr<int64_t>("threads")
-                                  .Attr<int64_t>("mask")
-                                  .Attr<int64_t>("has_bias")
-                                  .Attr<int64_t>("n_mods")
-                                  .Attr<ffi::Span<const int64_t>>("mod_kinds")
-                                  .Attr<ffi::Span<const double>>("mod_c")
-                                  .Attr<ffi::Span<const int64_t>>("mod_m"));
+// The operands and attributes both handlers take (the Attrs struct, in its order), written once.
+static auto call_binding() {
+  return ffi::Ffi::Bind()
+      .RemainingArgs()
+      .RemainingRets()
+      .Attr<double>("scale")
+      .Attr<double>("dropout_p")
+      .Attr<int64_t>("seed")
+      .Attr<int64_t>("threads")
+      .Attr<int64_t>("mask")
+      .Attr<int64_t>("has_bias")
+      .Attr<int64_t>("n_mods")
+      .Attr<ffi::Span<const int64_t>>("mod_kinds")
+      .Attr<ffi::Span<const double>>("mod_c")
+      .Attr<ffi::Span<const int64_t>>("mod_m");
+}
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(QkvFfiBackward, backward_impl,
-                              ffi::Ffi::Bind()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<double>("scale")
-                                  .Attr<double>("dropout_p")
-                                  .Attr<int64_t>("seed")
-                                  .Attr<int64_t>("threads")
-                                  .Attr<int64_t>("mask")
-                                  .Attr<int64_t>("has_bias")
-                                  .Attr<int64_t>("n_mods")
-                                  .Attr<ffi::Span<const int64_t>>("mod_kinds")
-                                  .Attr<ffi::Span<const double>>("mod_c")
-                                  .Attr<ffi::Span<const int64_t>>("mod_m")
-                                  .Attr<int64_t>("has_dlse"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(QkvFfiForward, forward_impl, call_binding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(QkvFfiBackward, backward_impl, call_binding().Attr<int64_t>("has_dlse"));
 
 void* ffi_forward_handler() { return reinterpret_cast<void*>(QkvFfiForward); }
 void* ffi_backward_handler() { return reinterpret_cast<void*>(QkvFfiBackward); }
