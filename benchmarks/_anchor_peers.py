@@ -224,31 +224,184 @@ def openvino(w: Workload, q, k, v) -> Prepared:
     req = compiled.create_infer_request()
 
     alive: list[torch.Tensor] = []  # shared_memory=True: the tensors must outlive the request
-
-    def tensor(x: torch.Tensor, shape):
-        x = x.reshape(shape).contiguous()
-        alive.append(x)
-        if bf16:
-            t = ov.Tensor(et, shape)
-            t.data.view("uint16")[...] = x.view(torch.int16).numpy().view("uint16")
-            return t
-        return ov.Tensor(x.numpy(), shared_memory=True)
-
-    feeds = [tensor(q, qs), tensor(k, ks), tensor(v, ks)]
+    feeds = [_ov_tensor(q.reshape(qs), alive), _ov_tensor(k.reshape(ks), alive), _ov_tensor(v.reshape(ks), alive)]
     if w.window is not None:
-        feeds.append(tensor(torch.zeros(ms, dtype=w.dtype).masked_fill(~dense_mask(w), float("-inf")), ms))
+        bias = torch.zeros(ms, dtype=w.dtype).masked_fill(~dense_mask(w).reshape(ms), float("-inf"))
+        feeds.append(_ov_tensor(bias, alive))
     for i, t in enumerate(feeds):
         req.set_input_tensor(i, t)
 
     def result():
-        data = req.get_output_tensor(0).data
-        if bf16:
-            data = torch.from_numpy(data.view("int16").copy()).view(torch.bfloat16)
-        else:
-            data = torch.from_numpy(data.copy())
-        return data.reshape(1, w.h, w.nq, w.d)
+        return _from_ov(req.get_output_tensor(0)).reshape(1, w.h, w.nq, w.d)
 
     return Prepared(req.infer, result, keep=alive)
+
+
+# --- OpenVINO: the PagedAttention extension op (what openvino.genai's LLM pipeline runs) -----------
+
+# The inputs of ``openvino.op._PagedAttentionExtension`` in 2026.4, in order (its
+# ``paged_attention.cpp`` validates exactly 28; the internal op's spec names the first 16): the
+# ones a call sets are Parameters, every optional feature is an empty Constant, which disables it.
+_PA_FED = ("q", "k", "v", "key_cache.0", "value_cache.0")
+_PA_META = ("past_lens", "subsequence_begins", "block_indices", "block_indices_begins")
+
+
+def _pa_constants(w: Workload, np) -> list:
+    """Inputs 9-27: scale, sliding_window (0 = none; else the ``window`` newest keys, itself
+    included, as qkv's), no ALiBi, max_context_len, no score aggregation, no cache rotation, no
+    xattention (an empty threshold), no sinks, no adaptive R-KV eviction, no token types, no
+    q-q bias."""
+    from openvino import opset13 as ops
+
+    def c(value, dtype, shape=()):
+        return ops.constant(np.array(value, dtype=dtype).reshape(shape))
+
+    def empty(dtype):
+        return ops.constant(np.zeros(0, dtype=dtype))
+
+    f32, i32 = np.float32, np.int32
+    return [
+        c(scale_of(w), f32),  # 9 scale
+        c(w.window or 0, i32),  # 10 sliding_window
+        empty(f32),  # 11 alibi_slopes
+        c(w.nk, i32),  # 12 max_context_len
+        c(0, i32),  # 13 score_aggregation_window
+        empty(i32),  # 14 rotated_block_indices
+        empty(i32),  # 15 rotation_deltas
+        empty(f32),  # 16 rotation_trig_lut
+        empty(f32),  # 17 xattention_threshold: empty = dense attention
+        c(64, i32),  # 18 xattention_block_size (unused without a threshold)
+        c(8, i32),  # 19 xattention_stride (unused without a threshold)
+        empty(f32),  # 20 sinks
+        c(0, i32),  # 21 adaptive_rkv_start_size
+        empty(i32),  # 22 adaptive_rkv_evictable_sizes
+        empty(i32),  # 23 adaptive_rkv_diversity_block_set_indices
+        empty(i32),  # 24 adaptive_rkv_diversity_block_set_indices_begins
+        empty(i32),  # 25 token_type_ids
+        empty(np.uint8),  # 26 qq_bias
+        empty(i32),  # 27 qq_bias_begins
+    ]
+
+
+def openvino_pa(w: Workload, q, k, v) -> Prepared:
+    """``openvino.op._PagedAttentionExtension`` (experimental, "no backward compatibility") in a
+    one-op model, as the CPU plugin's own PagedAttention tests build it (``intel_cpu`` subgraph
+    test ``paged_attn.cpp``): q ``(tokens, H·D)``, k and v ``(tokens, Hkv·D)``, the K and V block
+    caches as Parameters of dynamic type whose layout ``[blocks, Hkv, block, D]`` the plugin
+    fixes at compile time (32-token blocks), the head counts in the node's rt_info; one sequence
+    (``subsequence_begins = [0, tokens]``) over blocks ``0 … Nk/block``. The plugin's default
+    cache is u8-quantised: KEY/VALUE_CACHE_PRECISION are set to the workload's dtype, as
+    ``INFERENCE_PRECISION_HINT`` (bf16 otherwise here). The op is causal over the new tokens, so
+    the dense W1 is not expressible. Prefill: every token is new (``past_lens = 0``) and the op
+    writes their K/V into the cache inside the call (its serving cost, as in openvino.genai).
+    Decode: the cache is filled once here, untimed (as vLLM's engine would have), and the call
+    brings the last token with ``past_lens = Nk - 1``, rewriting that one slot."""
+    import numpy as np
+    import openvino as ov
+    from openvino import op as ov_op
+    from openvino import opset13 as ops
+
+    if not (w.causal or w.window is not None or w.decode):
+        raise Unsupported("PagedAttention is causal over the new tokens: no dense prefill")
+    bf16 = w.dtype == torch.bfloat16
+    et = ov.Type.bf16 if bf16 else ov.Type.f32
+    precision = "bf16" if bf16 else "f32"
+
+    def param(shape, etype, name):
+        p = ops.parameter(shape, etype, name=name)
+        p.output(0).get_tensor().set_names({name})
+        return p
+
+    cache_shape = ov.PartialShape.dynamic(4)
+    params = [
+        param([-1, w.h * w.d], et, "q"),
+        param([-1, w.hkv * w.d], et, "k"),
+        param([-1, w.hkv * w.d], et, "v"),
+        param(cache_shape, ov.Type.dynamic, "key_cache.0"),
+        param(cache_shape, ov.Type.dynamic, "value_cache.0"),
+    ] + [param([-1], ov.Type.i32, name) for name in _PA_META]
+    node = ov_op._PagedAttentionExtension([p.output(0) for p in params + _pa_constants(w, np)])
+    rt = node.get_rt_info()
+    for key, value in {"num_k_heads": w.hkv, "k_head_size": w.d, "num_v_heads": w.hkv, "v_head_size": w.d}.items():
+        rt[key] = value
+    compiled = ov.Core().compile_model(
+        ov.Model([node.output(0)], params, "paged_attention"),
+        "CPU",
+        {
+            "INFERENCE_NUM_THREADS": THREADS,
+            "INFERENCE_PRECISION_HINT": precision,
+            "KV_CACHE_PRECISION": precision,
+            "KEY_CACHE_PRECISION": precision,
+            "VALUE_CACHE_PRECISION": precision,
+        },
+    )
+    ports = {name: port for port in compiled.inputs for name in port.get_names()}
+    kshape = ports["key_cache.0"].get_partial_shape()
+    if ports["key_cache.0"].get_element_type() != et or kshape.rank.get_length() != 4 or kshape[1] != w.hkv:
+        raise Unsupported(f"the plugin chose a {ports['key_cache.0'].get_element_type()} cache {kshape}")
+    block = kshape[2].get_length()
+    nblocks = -(-w.nk // block)
+    req = compiled.create_infer_request()
+    alive: list[Any] = []
+
+    def tokens(x: torch.Tensor) -> torch.Tensor:  # (1, heads, n, D) -> (n, heads·D)
+        return x[0].transpose(0, 1).reshape(x.shape[2], -1)
+
+    def cache(x: torch.Tensor):  # (1, Hkv, Nk, D) -> (blocks, Hkv, block, D), zero-padded
+        c = torch.zeros(nblocks * block, w.hkv, w.d, dtype=w.dtype)
+        if w.decode:
+            c[: w.nk] = x[0].transpose(0, 1)
+        return c.view(nblocks, block, w.hkv, w.d).transpose(1, 2)
+
+    new = slice(w.nk - w.nq, w.nk)  # the tokens this call brings
+    feeds = {
+        "q": tokens(q),
+        "k": tokens(k[:, :, new]),
+        "v": tokens(v[:, :, new]),
+        "key_cache.0": cache(k),
+        "value_cache.0": cache(v),
+    }
+    for name, x in feeds.items():
+        req.set_tensor(name, _ov_tensor(x, alive))
+    meta = {
+        "past_lens": [w.nk - w.nq],
+        "subsequence_begins": [0, w.nq],
+        "block_indices": list(range(nblocks)),
+        "block_indices_begins": [0, nblocks],
+    }
+    for name, values in meta.items():
+        arr = np.array(values, np.int32)
+        alive.append(arr)
+        req.set_tensor(name, ov.Tensor(arr, shared_memory=True))
+
+    def result():
+        return _from_ov(req.get_output_tensor(0)).reshape(w.nq, w.h, w.d).transpose(0, 1)[None]
+
+    note = "K/V cache filled once, untimed" if w.decode else "the call writes the prompt's K/V into its cache"
+    return Prepared(req.infer, result, note, keep=alive)
+
+
+def _ov_tensor(x: torch.Tensor, alive: list):
+    """An ``ov.Tensor`` over ``x`` (float32: shared, so ``x`` is kept alive in ``alive``;
+    bfloat16: copied, numpy having no bfloat16)."""
+    import openvino as ov
+
+    x = x.contiguous()
+    if x.dtype == torch.bfloat16:
+        t = ov.Tensor(ov.Type.bf16, list(x.shape))
+        t.data.view("uint16")[...] = x.view(torch.int16).numpy().view("uint16")
+        return t
+    alive.append(x)
+    return ov.Tensor(x.numpy(), shared_memory=True)
+
+
+def _from_ov(t) -> torch.Tensor:
+    """A torch copy of an ``ov.Tensor`` (bfloat16 read through its raw 16 bits)."""
+    import openvino as ov
+
+    if t.get_element_type() == ov.Type.bf16:
+        return torch.from_numpy(t.data.view("int16").copy()).view(torch.bfloat16)
+    return torch.from_numpy(t.data.copy())
 
 
 # --- ONNX Runtime: the contrib ops MultiHeadAttention and GroupQueryAttention ---------------------
@@ -572,6 +725,7 @@ PEERS: dict[str, tuple[Callable[..., Prepared], str | None]] = {
     "qkv flash": (qkv_flash, "qkv"),
     "vLLM CPU": (vllm, "vllm"),
     "OpenVINO SDPA": (openvino, "openvino"),
+    "OpenVINO PA": (openvino_pa, "openvino"),
     "ONNX Runtime": (ort, "onnxruntime"),
     "ggml": (ggml, "llama_cpp"),
     "zentorch": (zentorch, "zentorch"),

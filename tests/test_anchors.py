@@ -3,6 +3,7 @@ is installed in this interpreter agrees with a float64 reference on every worklo
 express, within 8× SDPA's own error. Peers whose package is absent skip with the reason (in CI's
 venv that leaves qkv, JAX and compiled FlexAttention, which must run)."""
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -50,6 +51,30 @@ def test_check_refuses_a_wrong_kernel(workload):
     w = WORKLOADS[workload].shrunk()
     err, err_sdpa = anchors.check(w, wrong, seed=1)
     assert err > anchors.tolerance(w, err_sdpa)
+
+
+@pytest.mark.parametrize("window", [31, 33, None])
+def test_openvino_pa_window_off_by_one_disagrees(window):
+    """OpenVINO PagedAttention's ``sliding_window`` input counts the query's own key, as qkv's
+    window does: the small W3 (window 32) run with 31, 33 or no window is refused."""
+    reason = peers.missing("openvino")
+    if reason:
+        pytest.skip(reason)
+    w = WORKLOADS["W3"].shrunk()
+
+    def shifted(w_, q, k, v):
+        return peers.openvino_pa(dataclasses.replace(w_, window=window), q, k, v)
+
+    err, err_sdpa = anchors.check(w, shifted, seed=1)
+    assert err > anchors.tolerance(w, err_sdpa)
+
+
+def test_openvino_pa_refuses_dense_prefill():
+    reason = peers.missing("openvino")
+    if reason:
+        pytest.skip(reason)
+    with pytest.raises(peers.Unsupported, match="causal"):
+        anchors.check(WORKLOADS["W1"].shrunk(), peers.openvino_pa, seed=1)
 
 
 def test_table_names_every_skipped_peer_with_its_reason():
