@@ -343,7 +343,7 @@ def test_sliding_window_and_padding_reach_qkv_as_structured_masks(padded, monkey
     assert all(m._dense is None for _, m in seen)  # carried, never evaluated: no dense Lq x Lk mask
     assert structure_of(seen[0][1]).mask.name.startswith("padding" if padded else "sliding_window(5)")
     decode = []
-    monkeypatch.setattr(qt, "_decode", lambda *a: decode.append(1) or _real_decode(*a))
+    monkeypatch.setattr(qt, "lean_attention", lambda *a: decode.append(1) or _real_lean(*a))
     tokens = model.generate(ids, attention_mask=am, max_new_tokens=4, do_sample=False, pad_token_id=0)
     model.set_attn_implementation("eager")
     assert torch.equal(
@@ -352,10 +352,10 @@ def test_sliding_window_and_padding_reach_qkv_as_structured_masks(padded, monkey
     assert padded or decode  # unpadded decode steps (no mask) took the lean path
 
 
-def _real_decode(*a):
-    from qkv._impls import decode
+def _real_lean(*a):
+    from qkv._impls import lean_attention
 
-    return decode(*a)
+    return lean_attention(*a)
 
 
 SLIDING = ["MistralConfig", "MixtralConfig", "Phi3Config", "Starcoder2Config", "Qwen3MoeConfig"]

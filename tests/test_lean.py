@@ -64,3 +64,18 @@ def test_unusual_calls_take_the_full_path_with_its_errors(rng):
     np.testing.assert_array_equal(
         out[..., :3, :].numpy(), qkv.attention(q[..., :3, :], q[..., :3, :], q[..., :3, :], causal=True).numpy()
     )
+
+
+def test_other_devices_fall_through_and_transposed_layouts_stay_lean(rng):
+    q = torch.randn(1, 2, 8, 4)
+    assert lean_attention(q, q.to("meta"), q, False, None) is None  # not every array on the CPU
+    assert lean_attention(q.to("meta"), q.to("meta"), q.to("meta"), False, None) is None
+    # (B, N, H, D) storage seen as (B, H, N, D), as transformers' attention layers hand it over:
+    # not contiguous, yet every row is dense, so the kernel reads it in place
+    x = torch.from_numpy(rng.standard_normal((3, 2, 13, 4, 8))).float()
+    q, k, v = (t.transpose(1, 2) for t in x)
+    assert not q.is_contiguous()
+    lean = lean_attention(q, k, v, True, None)
+    assert lean is not None
+    golden = O.attention_oracle(*(t.double().numpy() for t in (q, k, v)), allowed=O.causal_allowed(13, 13))
+    assert_close(lean.out.double().numpy(), golden[0], tol=2e-5)

@@ -20,7 +20,6 @@ from ._call import build_call as build_call
 from ._call import check_mask_covers as check_mask_covers
 from ._call import split_mask as split_mask
 from ._compiled import compiled_attention as compiled_attention
-from ._flash_native import decode as decode
 from ._lean import lean_attention as lean_attention
 from ._nonfinite import empty_rows_overflowed as empty_rows_overflowed
 from ._plan import SMALL as SMALL

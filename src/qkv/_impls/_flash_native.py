@@ -209,33 +209,3 @@ def _dtype_of(x: Array, xp: Any) -> Any:
     if is_jax(x):
         return np.dtype(str(x.dtype)) if dtype_name(x) != "bfloat16" else xp.float32
     return x.dtype
-
-
-def decode(q: Any, k: Any, v: Any, scale: float) -> Any:
-    """A decode step's ``out (B, H, Nq, Dv)`` straight from the kernel, or None when this lean path
-    does not apply and ``qkv.attention`` must run the call.
-
-    For callers that already hold validated 4-D float32 CPU torch tensors (the transformers
-    backend): ``q (B, H, Nq, Dk)``, ``k (B, Hkv, Nk, Dk)``, ``v (B, Hkv, Nk, Dv)``, no mask
-    (every key, as a decode step against its cache sees), no bias, no gradient. It skips the
-    front end's argument normalisation but keeps its promises: a row the kernel reports (an
-    overflow or a non-finite input) returns None, and ``qkv.attention`` then reports it as it
-    would.
-    """
-    import torch
-
-    from ._plan import threads
-
-    if not native.available() or q.dtype != torch.float32 or k.dtype != q.dtype or v.dtype != q.dtype:
-        return None
-    if q.device.type != "cpu" or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        return None
-    b, h, nq, _ = q.shape
-    if k.shape[0] != b or h % k.shape[1] or k.shape[-2] == 0 or q.stride(-1) != 1 or k.stride(-1) != 1:
-        return None
-    if v.stride(-1) != 1:
-        return None
-    out = torch.empty((b, h, nq, v.shape[-1]), dtype=q.dtype)
-    lse = torch.empty((b, h, nq), dtype=torch.float32)
-    nonfinite, overflowed = native.forward(q, k, v, out, lse, scale=scale, threads=threads())
-    return out if not (nonfinite or overflowed) else None

@@ -33,10 +33,10 @@ def lean_attention(q: Any, k: Any, v: Any, causal: bool, scale: Any) -> Result |
     """``Result(out, None, lse)`` from the kernel, or None (the full path takes the call)."""
     if not native.available() or causal not in (True, False) or type(k) is not type(q) or type(v) is not type(q):
         return None
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.device.type != "cpu":
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or not (q.is_cpu and k.is_cpu and v.is_cpu):
         return None
     lse_dtype = _lse_dtypes().get(q.dtype)
-    if lse_dtype is None or k.dtype != q.dtype or v.dtype != q.dtype or k.device != q.device or v.device != q.device:
+    if lse_dtype is None or k.dtype != q.dtype or v.dtype != q.dtype:
         return None
     if q.requires_grad or k.requires_grad or v.requires_grad:
         return None  # autograd: the full path records the node
@@ -44,22 +44,24 @@ def lean_attention(q: Any, k: Any, v: Any, causal: bool, scale: Any) -> Result |
     _, hkv, nk, dv = v.shape
     if k.shape != (b, hkv, nk, dk) or v.shape[0] != b or h % max(hkv, 1) or nq * nk == 0 or hkv == 0:
         return None
-    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+    if not (q.is_contiguous() or q.stride()[-1] == 1) or not (k.is_contiguous() or k.stride()[-1] == 1):
+        return None  # the kernel reads rows in place: the last axis must be dense
+    if not (v.is_contiguous() or v.stride()[-1] == 1):
         return None
     if scale is None:
         scale = 1.0 / math.sqrt(dk)
     elif type(scale) is not float or not math.isfinite(scale):
         return None
-    kw: dict[str, Any] = {}
+    rows = None
     if causal and nq > 1:  # for one query the bottom-right causal mask hides nothing
         mask_plan = masks.plan(masks.causal(), nq, nk, (b, h), *native.tile_shape(nq, nk, dk, dv, "float32"))
         if not mask_plan.hides_nothing:
-            kw["rows"] = mask_plan.rows
+            rows = mask_plan.rows
     import torch
 
     out = torch.empty((b, h, nq, dv), dtype=q.dtype)
     lse = torch.empty((b, h, nq), dtype=lse_dtype)
-    nonfinite, overflowed = native.forward(q, k, v, out, lse, scale=scale, threads=threads(), **kw)
+    nonfinite, overflowed = native.forward_tensors(q, k, v, out, lse, scale, threads(), rows)
     if overflowed:
         return None  # the full path runs it again and raises the contract's error
     return Result(out, None, lse)

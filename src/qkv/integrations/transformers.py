@@ -26,7 +26,7 @@ from functools import cache
 from typing import Any
 
 from .._checks import check_impl
-from .._impls import decode as _decode
+from .._impls import lean_attention
 from ..errors import ArgumentError, MaskError
 from ._hf_masks import lazy, plain, structure_of, structured
 from ._hf_models import QKV_NAMES, install_guard, refuse_config
@@ -185,9 +185,9 @@ def forward(
         window = None if structure is None else structure.window
         if window is not None:  # one query, the last of the keys: its window is the last `window` keys
             key, value = key[..., -window:, :], value[..., -window:, :]
-        out = _decode(query, key, value, query.shape[-1] ** -0.5 if scaling is None else scaling)
-        if out is not None:
-            return out.transpose(1, 2).contiguous(), None
+        res = lean_attention(query, key, value, False, scaling)  # one query: causal hides nothing
+        if res is not None:  # (B, H, 1, Dv) seen as (B, 1, H, Dv) is already contiguous: no copy
+            return res.out.transpose(1, 2).contiguous(), None
     mask, causal = layer_mask(attention_mask, key.shape[-2], is_causal)
     softcap = kwargs.get("softcap")
     bias = kwargs.get("position_bias")
