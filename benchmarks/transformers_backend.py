@@ -7,7 +7,9 @@ Workloads: prefill of one sequence (4096, 8192 tokens: the forward of the whole 
 decode steps) and, with ``--train N``, one training step (forward, language-model loss, backward)
 at N tokens. ``--targets`` runs the end-to-end targets of issue 22 and nothing else: 4 layers,
 qkv against sdpa, a training step at 2048 (Llama-style), a sliding-window prefill at 4096
-(Mistral-style) and 32 greedy tokens after a 1024-token prompt (Llama-style).
+(Mistral-style) and 32 greedy tokens after a 1024-token prompt (Llama-style), each also with
+``free`` attention (zeros at O(N * D) cost): sdpa's time over free's is the most any attention
+kernel can gain end to end there, printed beside qkv's gain.
 
 Backends run in interleaved rounds (A B C D, A B C D, ...) so drift and contention hit each
 alike; the report gives each backend's median and spread (min-max over rounds) and the ratio of
@@ -30,7 +32,7 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-BACKENDS = ("qkv", "sdpa", "flex_attention", "eager")
+BACKENDS = ("qkv", "sdpa", "flex_attention", "eager")  # and "free": attention at zero cost (--targets)
 MODELS = ("mistral", "llama")
 
 
@@ -52,13 +54,25 @@ def config(name: str, layers: int = 2):
     return MistralConfig(**common, sliding_window=256) if name == "mistral" else LlamaConfig(**common)
 
 
+def free_attention(module, query, key, value, attention_mask, **kwargs):
+    """Attention that costs (almost) nothing: the bound of any attention kernel's end-to-end gain.
+
+    ``out (B, Lq, H, Dv)`` of zeros that still depends on ``query``, ``key`` and ``value`` (one
+    O(N * D) read each), so a training step's backward reaches the q/k/v projections as it would;
+    the rest of the model runs as with a real backend. ``sdpa time / free time`` is the most any
+    attention can gain end to end on that workload (Amdahl)."""
+    zero = (key.sum() + value.sum()) * 0
+    return (query * 0 + zero).transpose(1, 2).contiguous(), None
+
+
 def build(name: str, attn: str, layers: int = 2):
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AttentionInterface, AutoModelForCausalLM
 
     from qkv.integrations import transformers as qt
 
     qt.register()
+    AttentionInterface.register("free", free_attention)
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(copy.deepcopy(config(name, layers)), attn_implementation=attn).eval()
 
@@ -151,7 +165,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     print(f"# torch {torch.__version__}, threads {torch.get_num_threads()}, loadavg {open('/proc/loadavg').read()}")
     if a.targets:
-        a.layers, a.backends, a.rounds = 4, ["qkv", "sdpa"], max(a.rounds, 5)
+        a.layers, a.backends, a.rounds = 4, ["qkv", "sdpa", "free"], max(a.rounds, 5)
         plan = {"llama": ([], [2048], True), "mistral": ([4096], [], False)}
         a.decode_prompt, a.decode_tokens = 1024, 32
     else:
@@ -197,6 +211,10 @@ def main() -> None:
                 line = f"{name} {label} {attn}: median {med * scale:.3f} {unit} "
                 line += f"(min {min(ts) * scale:.3f}, max {max(ts) * scale:.3f}) {ratio}"
                 print(line, flush=True)
+            if "free" in times and "sdpa" in times:
+                bound = statistics.median(times["sdpa"]) / statistics.median(times["free"])
+                gain = statistics.median(times["sdpa"]) / base if base else float("nan")
+                print(f"{name} {label}: qkv gains {gain:.2f}x over sdpa; free attention would gain {bound:.2f}x")
             if a.memory and make is prefill:
                 for attn in runs:
                     print(f"{name} {label} {attn}: peak extra {memory(name, attn, n, a.layers):.0f} MiB", flush=True)
