@@ -1,10 +1,13 @@
 """bf16 compute (vdpbf16ps, the ``avx512bf16`` path) against the kernel's own float32, interleaved.
 
 Dense forward, B=1, H=8, N=4096, D=64 (issue 22's target: bf16 >= 1.6x qkv's float32
-throughput where AVX512-BF16 exists). One process, rounds of A B C D ... in turn, medians of the
-per-round ratios:
+throughput where AVX512-BF16 exists), then the same causal (intervals, as the front end passes
+them: exact key spans per pair of lane groups). One process, rounds of A B C D ... in turn, medians
+of the per-round ratios:
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bf16_compute.py [--rounds 9] [--n 4096]
+
+Another build's kernel: ``QKV_NATIVE_LIB=/path/to/_ext*.so`` in front (qkv._native loads it).
 
 Rows: qkv float32 (best ISA path), qkv bf16 on the ``avx512bf16`` path, qkv bf16 widened to
 float32 (the ``avx512`` path, what bf16 ran at before), torch SDPA bf16. The ratios are time(float32)
@@ -37,25 +40,15 @@ def main() -> None:
     qb, kb, vb = (x.to(torch.bfloat16) for x in (q, k, v))
     scale = a.d**-0.5
 
-    def qkv_call(x, y, z, isa):
+    def qkv_call(x, y, z, isa, rows):
         out = torch.empty_like(x)
         lse = torch.empty(x.shape[:3], dtype=torch.float32)
 
         def run():
             with native.use_isa(isa):
-                native.forward(x, y, z, out, lse, scale=scale, threads=threads)
+                native.forward(x, y, z, out, lse, scale=scale, rows=rows, threads=threads)
 
         return run
-
-    best = native.isas()[0]
-    cases = {"qkv float32": qkv_call(q, k, v, best)}
-    if "avx512bf16" in native.isas():
-        cases["qkv bf16 (avx512bf16, vdpbf16ps)"] = qkv_call(qb, kb, vb, "avx512bf16")
-    else:
-        print("this CPU has no AVX512-BF16: only the widening bf16 path is timed")
-    if "avx512" in native.isas():
-        cases["qkv bf16 (avx512, widened)"] = qkv_call(qb, kb, vb, "avx512")
-    cases["torch SDPA bf16"] = lambda: torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, scale=scale)
 
     def timed(fn):
         t = float("inf")
@@ -65,23 +58,41 @@ def main() -> None:
             t = min(t, time.perf_counter() - t0)
         return t
 
-    for fn in cases.values():  # warm up (threads, scratch, caches)
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(a.rounds):
-        for name, fn in cases.items():
-            times[name].append(timed(fn))
-    flops = 4.0 * a.heads * a.n * a.n * a.d
-    ref = times["qkv float32"]
-    print(f"dense forward B=1 H={a.heads} N={a.n} D={a.d}, {threads} threads, ISA paths {native.isas()}")
-    print(f"{'':36s} {'median ms':>10s} {'GFLOP/s':>8s} {'f32 time / time (median of rounds)':>36s}")
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        ratio = statistics.median(np.array(ref) / np.array(ts))
-        print(f"{name:36s} {med * 1e3:10.2f} {flops / med / 1e9:8.1f} {ratio:36.2f}")
-    if "torch SDPA bf16" in times and "qkv bf16 (avx512bf16, vdpbf16ps)" in times:
-        r = statistics.median(np.array(times["torch SDPA bf16"]) / np.array(times["qkv bf16 (avx512bf16, vdpbf16ps)"]))
-        print(f"qkv bf16 (avx512bf16) vs SDPA bf16: {r:.2f}x")
+    best = native.isas()[0]
+    if "avx512bf16" not in native.isas():
+        print("this CPU has no AVX512-BF16: only the widening bf16 path is timed")
+    print(f"B=1 H={a.heads} N={a.n} D={a.d}, {threads} threads, ISA paths {native.isas()}")
+    i = np.arange(a.n)
+    causal = np.stack([np.zeros(a.n), i + 1], -1).astype(np.int32)[None, None]
+    for mask, rows, pairs in (("dense", None, a.n * a.n), ("causal", causal, a.n * (a.n + 1) / 2)):
+        cases = {"qkv float32": qkv_call(q, k, v, best, rows)}
+        if "avx512bf16" in native.isas():
+            cases["qkv bf16 (avx512bf16, vdpbf16ps)"] = qkv_call(qb, kb, vb, "avx512bf16", rows)
+        if "avx512" in native.isas():
+            cases["qkv bf16 (avx512, widened)"] = qkv_call(qb, kb, vb, "avx512", rows)
+        is_causal = rows is not None
+        cases["torch SDPA bf16"] = lambda c=is_causal: torch.nn.functional.scaled_dot_product_attention(
+            qb, kb, vb, scale=scale, is_causal=c
+        )
+        for fn in cases.values():  # warm up (threads, scratch, caches)
+            fn()
+        times: dict[str, list[float]] = {name: [] for name in cases}
+        for _ in range(a.rounds):
+            for name, fn in cases.items():
+                times[name].append(timed(fn))
+        flops = 4.0 * a.heads * pairs * a.d  # useful work: 4 D per allowed (query, key) pair
+        ref = times["qkv float32"]
+        print(f"\n{mask} forward")
+        print(f"{'':36s} {'median ms':>10s} {'GFLOP/s':>8s} {'f32 time / time (median of rounds)':>36s}")
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            ratio = statistics.median(np.array(ref) / np.array(ts))
+            print(f"{name:36s} {med * 1e3:10.2f} {flops / med / 1e9:8.1f} {ratio:36.2f}")
+        if "qkv bf16 (avx512bf16, vdpbf16ps)" in times:
+            r = statistics.median(
+                np.array(times["torch SDPA bf16"]) / np.array(times["qkv bf16 (avx512bf16, vdpbf16ps)"])
+            )
+            print(f"qkv bf16 (avx512bf16) vs SDPA bf16: {r:.2f}x")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from _native_helpers import kernel_mods
-from _native_reference import dense_allowed
+from _native_reference import dense_allowed, keep_mask
 from _native_reference import forward as ref_forward
 
 from qkv import _native as native
@@ -64,7 +64,7 @@ def assert_within_contract(out, lse, gold, gl, v):
     bound = (U * vmax + U * np.abs(gold) + 1e-6)[fin]
     assert (err <= bound).all(), f"max excess {float((err - bound).max())}"
     ok = np.isfinite(gl)
-    assert (np.abs(lse - gl)[ok] <= 1e-5 * (1 + np.abs(gl[ok]))).all()
+    assert (np.abs(lse[ok] - gl[ok]) <= 1e-5 * (1 + np.abs(gl[ok]))).all()
 
 
 def assert_paths_agree(a, b, v):
@@ -223,3 +223,129 @@ def test_non_finite_rows_and_counts_match_the_other_paths(rng, dk):
         assert counts == ref_counts
         assert np.array_equal(np.isnan(lse), np.isnan(ref_lse))
         assert_paths_agree(out, ref_out, torch.nan_to_num(v.float(), posinf=0))
+
+
+# ------------------------------------------------------------------ exact spans, paired lane groups
+# The avx512bf16 forward runs attention_fwd.hpp's tile loop (fwd_tiles) over its vdpbf16ps dot
+# products: each pair of 16-row lane groups loops over the union of its rows' intervals, started
+# at an even key of the range read (keys are paired for P V), and shares each K / V broadcast.
+# Held against the oracle and against the avx512 path (same loop, float32 dot products).
+
+SPAN_EDGES = [(1, 1), (15, 17), (16, 16), (17, 15), (63, 65), (64, 64), (65, 63), (127, 129), (128, 128), (129, 127)]
+HEADS = [(2, 2), (4, 2), (8, 1)]  # MHA (pairs: 32 positions), 2 and 8 stacked GQA heads per kv head
+
+
+def _spans_rows(rng, h, nq, nk, kind):
+    p = np.arange(nq) + (nk - nq)
+    if kind == "causal":
+        lo, hi = np.zeros(nq), p + 1
+    elif kind == "window":  # odd width: span starts move by one key per row
+        lo, hi = p - 36, p + 1
+    else:  # random intervals per head and row: spans start and end anywhere, odd or even
+        lo = rng.integers(-3, nk, size=(h, nq))
+        hi = lo + rng.integers(0, nk // 2 + 2, size=(h, nq))
+        return np.stack([lo, hi], -1).astype(np.int32)[None]
+    return np.broadcast_to(np.stack([lo, hi], -1).astype(np.int32), (1, h, nq, 2)).copy()
+
+
+def _both_paths(q, k, v, **kw):
+    res = {}
+    for isa in (BF16_PATH, "avx512"):
+        with native.use_isa(isa):
+            res[isa] = forward(q, k, v, **kw)
+    return res
+
+
+@needs_bf16
+@pytest.mark.parametrize("kind", ["causal", "window", "random"])
+@pytest.mark.parametrize("h,hkv", HEADS, ids=lambda x: str(x))
+@pytest.mark.parametrize("nq,nk", SPAN_EDGES, ids=lambda x: str(x))
+def test_spans_at_tile_edges_match_the_oracle_and_avx512(rng, nq, nk, h, hkv, kind):
+    q, k, v = bf16(rng, (1, h, nq, 19), 1.5), bf16(rng, (1, hkv, nk, 19), 1.5), bf16(rng, (1, hkv, nk, 23))
+    rows = _spans_rows(rng, h, nq, nk, kind)
+    res = _both_paths(q, k, v, rows=rows)
+    allowed = dense_allowed(1, h, nq, nk, 1, 1, rows=rows)
+    gold, gl = oracle(q, k, v, allowed=allowed)
+    for out, lse, counts in res.values():
+        assert counts == (0, 0)
+        assert_within_contract(out, lse, gold, gl, v)
+    assert_paths_agree(res[BF16_PATH][0], res["avx512"][0], v)
+
+
+@needs_bf16
+@pytest.mark.parametrize("dk,dv", [(64, 64), (128, 128), (1, 3), (33, 17)])
+def test_gqa_causal_long_rows(rng, dk, dv):
+    # 4 query heads per kv head stacked in one item, causal over several 128-key tiles, Nq < Nk
+    h, hkv, nq, nk = 8, 2, 200, 333
+    q, k, v = bf16(rng, (1, h, nq, dk)), bf16(rng, (1, hkv, nk, dk)), bf16(rng, (1, hkv, nk, dv), 2.0)
+    rows = _spans_rows(rng, h, nq, nk, "causal")
+    res = _both_paths(q, k, v, rows=rows)
+    gold, gl = oracle(q, k, v, allowed=dense_allowed(1, h, nq, nk, 1, 1, rows=rows))
+    for out, lse, _ in res.values():
+        assert_within_contract(out, lse, gold, gl, v)
+    assert_paths_agree(res[BF16_PATH][0], res["avx512"][0], v)
+
+
+@needs_bf16
+@pytest.mark.parametrize("nq", [2, 16])  # decode calls with > 8 stacked rows: the wide loop from any key
+def test_decode_rows_with_windows(rng, nq):
+    h, hkv, nk = 32, 2, 1000
+    q, k, v = bf16(rng, (1, h, nq, 32)), bf16(rng, (1, hkv, nk, 32)), bf16(rng, (1, hkv, nk, 24))
+    p = np.arange(nq) + nk - nq
+    rows = np.broadcast_to(np.stack([p - 300, p + 1], -1).astype(np.int32), (1, h, nq, 2)).copy()
+    rows[0, 1::3, :, 0] += 7  # odd starts on some heads
+    res = _both_paths(q, k, v, rows=rows)
+    gold, gl = oracle(q, k, v, allowed=dense_allowed(1, h, nq, nk, 1, 1, rows=rows))
+    for out, lse, _ in res.values():
+        assert_within_contract(out, lse, gold, gl, v)
+    assert_paths_agree(res[BF16_PATH][0], res["avx512"][0], v)
+
+
+@needs_bf16
+def test_spans_with_bias_mods_and_dropout(rng):
+    h, hkv, nq, nk, d, p, seed = 4, 2, 90, 170, 24, 0.2, 77
+    q, k, v = bf16(rng, (1, h, nq, d), 2.0), bf16(rng, (1, hkv, nk, d), 2.0), bf16(rng, (1, hkv, nk, d))
+    rows = _spans_rows(rng, h, nq, nk, "random")
+    bias = rng.standard_normal((1, h, nq, nk)).astype(np.float32)
+    mods = [("softcap", 4.0), ("alibi", np.array([0.1, 0.2, 0.05, 0.3]))]
+    kw = dict(rows=rows, bias=bias, mods=kernel_mods(mods), dropout_p=p, seed=seed)
+    res = _both_paths(q, k, v, **kw)
+    keep = keep_mask(native.philox_keep, seed, 1, h, nq, nk, p)
+    allowed = dense_allowed(1, h, nq, nk, 1, 1, rows=rows)
+    gold, gl, *_ = ref_forward(
+        *(x.double().numpy() for x in (q, k, v)), d**-0.5, allowed=allowed, bias=bias, mods=mods, keep=keep, p=p
+    )
+    v_kept = v / (1 - p)  # the kept weights sum to at most 1 / (1 - p): the bound scales with it
+    for out, lse, counts in res.values():
+        assert counts == (0, 0)
+        assert_within_contract(out, lse, gold, gl, v_kept)
+    assert_paths_agree(res[BF16_PATH][0], res["avx512"][0], v_kept)
+
+
+@needs_bf16
+def test_non_finite_rows_at_the_edges_of_odd_spans(rng):
+    # H=2 heads of one kv head: an item is 2 pairs of lane groups, positions 0-15 and 16-31 of both
+    # heads. Pair 0 attends keys [101, 230), pair 1 [100, 231): the bf16 loop starts pair 0 at
+    # key 100 too (keys paired from the range's start) and packs V up to key 230; neither key may
+    # reach pair 0's rows, and keys 99 and 231 (outside every span) reach no row
+    nq, nk, d = 32, 300, 16
+    q, k, v = bf16(rng, (1, 2, nq, d)), bf16(rng, (1, 1, nk, d)), bf16(rng, (1, 1, nk, 8))
+    lo = np.where(np.arange(nq) < 16, 101, 100)
+    rows = np.broadcast_to(np.stack([lo, lo + 129 + (lo == 100)], -1).astype(np.int32), (1, 2, nq, 2)).copy()
+    allowed = dense_allowed(1, 2, nq, nk, 1, 1, rows=rows)
+    k[0, 0, 99, 3] = float("nan")
+    v[0, 0, 231, 1] = float("inf")
+    res = _both_paths(q, k, v, rows=rows)
+    gold, gl = oracle(q, k, v, allowed=allowed)
+    for out, lse, counts in res.values():
+        assert counts == (0, 0) and np.isfinite(out).all()
+        assert_within_contract(out, lse, gold, gl, v[:, :, 100:231])
+    k[0, 0, 100, 0] = float("inf")
+    v[0, 0, 230, 2] = float("nan")
+    res = _both_paths(q, k, v, rows=rows)
+    good = slice(0, 16)
+    gold, gl = oracle(q[:, :, good], k, v, allowed=allowed[:, :, good])
+    for out, lse, counts in res.values():
+        assert counts == (2 * 16, 0)
+        assert np.isnan(out[:, :, 16:]).all() and np.isnan(lse[:, :, 16:]).all()
+        assert_within_contract(out[:, :, good], lse[:, :, good], gold, gl, v[:, :, 101:230])

@@ -273,33 +273,81 @@ struct FwdBufs {
   }
 };
 
-// Up to 4 lane groups of one (b, g) against keys [ka, kz) (tile-aligned ka): the tile loop only.
-// It leaves m, l (S.ml) and O^T (S.ot) of each lane group, and their flags in fl, for fwd_finish.
-// Kept free of everything else: cold code in this function (a row check, a call) measured 5-9%
-// slower dense forward, the loops' code being sensitive to what shares their function.
-// kernels_avx512bf16.cpp specializes it for bf16_t (vdpbf16ps): keep the signature in step.
+// The dot products of the tile loop below, on compute-type operands: microkernel.hpp's gemm16 /
+// gemm16x2 on Q^T [Dk][16] per lane group, K and V read in place (widened per range when stored
+// narrower). kernels_avx512bf16.cpp has another with the same members (vdpbf16ps on bf16 pairs).
+// fwd_tiles makes one per call, Dot{&P, &S}; it keeps the range read:
+//   load_q(lg, g, fl)       lane group lg's queries into slot g, its bad q rows flagged
+//   range(lgs, nlg, kb, j0, jn, fl)  K and V rows [j0, j0 + jn) ready (the union of the spans
+//                           of one tile), clean (finite.hpp): lanes attending a bad row flagged
+//   scores / scores2        S^T of slot g (and g + 1) for the n keys at offset off of the range
+//   pv / pv2                O^T = O^T alpha + V^T P^T (compensated) from the same keys; P^T
+//                           (the softmax's, in S.st / S.st2) may be overwritten
+//   kKeyStep                spans start at a multiple of it from the range's start (2: the bf16
+//                           kernels pair keys, and P's pairs must meet V's packed ones)
 template <class T>
-__attribute__((noinline)) static void fwd_rowset(const Params& P, FwdBufs<T>& S, const LaneGroup* lgs, int nlg,
-                                                 int64_t ka, int64_t kz, uint8_t (*fl)[kLanes]) {
+struct WideDot {
   using C = typename Compute<T>::type;
   using V = typename VecOf<C>::V;
-  const int64_t Dv = P.Dv, dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes);
+  static constexpr int64_t kKeyStep = 1;
+  const Params* P;
+  FwdBufs<T>* S;
+  const C* kp = nullptr;
+  const C* vp = nullptr;
+  int64_t ldk = 0, ldv = 0;
+
+  const C* q(int g) const { return S->qt + g * P->Dk * kLanes; }
+  C* o(int g) const { return S->ot + g * P->Dv * kLanes; }
+  C* oc(int g) const { return S->oc + g * P->Dv * kLanes; }
+  void load_q(const LaneGroup& lg, int g, uint8_t* fl) { load_qt<T, C>(*P, lg, S->qt + g * P->Dk * kLanes, fl); }
+  void range(const LaneGroup* lgs, int nlg, int64_t kb, int64_t j0, int64_t jn, uint8_t (*fl)[kLanes]) {
+    const int64_t b = lgs[0].b, g = lgs[0].g, dkp = round_up(P->Dk, kLanes), dvp = round_up(P->Dv, kLanes);
+    kp = kv_tile<T, C>(P->k, b, g, j0, jn, P->Dk, S->kc, dkp, false, ldk);
+    vp = kv_tile<T, C>(P->v, b, g, j0, jn, P->Dv, S->vc, dvp, false, ldv);
+    if (!kv_range_clean<T>(*P, b, g, j0, jn))
+      dirty_span(*P, lgs, nlg, kb, j0, jn, S->kc, S->vc, dkp, dvp, kp, ldk, vp, ldv, fl);
+  }
+  void scores(C* st, int g, int64_t off, int64_t n) const {
+    gemm16<false>(st, kLanes, kp + off * ldk, ldk, 1, q(g), kLanes, n, P->Dk);
+  }
+  void scores2(C* st0, C* st1, int g, int64_t off, int64_t n) const {
+    gemm16x2(st0, st1, kLanes, kp + off * ldk, ldk, 1, q(g), q(g + 1), kLanes, n, P->Dk);
+  }
+  void pv(C* pt, int g, int64_t off, int64_t n, V alpha) const {
+    gemm16_kahan(o(g), oc(g), kLanes, vp + off * ldv, 1, ldv, pt, kLanes, P->Dv, n, alpha);
+  }
+  void pv2(C* pt0, C* pt1, int g, int64_t off, int64_t n, V a0, V a1) const {
+    gemm16x2_kahan(o(g), oc(g), o(g + 1), oc(g + 1), kLanes, vp + off * ldv, 1, ldv, pt0, pt1, kLanes, P->Dv, n, a0,
+                   a1);
+  }
+};
+
+// Up to 4 lane groups of one (b, g) against keys [ka, kz) (tile-aligned ka when the lead gave
+// tile classes): the tile loop only, over the dot products of a Dot (WideDot above). It leaves m,
+// l (S.ml) and O^T (S.ot) of each lane group, and their flags in fl, for fwd_finish.
+// Kept free of everything else: cold code in this function (a row check, a call) measured 5-9%
+// slower dense forward, the loops' code being sensitive to what shares their function.
+template <class Dot, class T>
+__attribute__((noinline)) static void fwd_tiles(const Params& P, FwdBufs<T>& S, const LaneGroup* lgs, int nlg,
+                                                int64_t ka, int64_t kz, uint8_t (*fl)[kLanes]) {
+  using C = typename Compute<T>::type;
+  using V = typename VecOf<C>::V;
+  Dot dot{&P, &S};
   ModLanes<C> ml[4];
   TileMask tm[4];
   for (int g = 0; g < nlg; ++g) {
-    load_qt<T, C>(P, lgs[g], S.qt + g * P.Dk * kLanes, fl[g]);
-    std::memset(static_cast<void*>(S.ot + g * Dv * kLanes), 0, sizeof(C) * size_t(Dv) * kLanes);
-    std::memset(static_cast<void*>(S.oc + g * Dv * kLanes), 0, sizeof(C) * size_t(Dv) * kLanes);
+    dot.load_q(lgs[g], g, fl[g]);
+    std::memset(static_cast<void*>(dot.o(g)), 0, sizeof(C) * size_t(P.Dv) * kLanes);
+    std::memset(static_cast<void*>(dot.oc(g)), 0, sizeof(C) * size_t(P.Dv) * kLanes);
     vstore(S.lc + g * kLanes, vzero<V>());
     vstore(S.ml + g * 2 * kLanes, vset1<V>(C(-INFINITY)));
     vstore(S.ml + g * 2 * kLanes + kLanes, vzero<V>());
     mod_lanes_init(P, lgs[g], ml[g]);
   }
-  const int64_t b = lgs[0].b, kvh = lgs[0].g;
   // Intervals alone (no tile grid to honour): each pair of lane groups loops over the exact key
   // span of its 32 rows (mask.hpp lane_span) inside the shared K/V tile, so a causal diagonal or
   // a window edge costs it its ragged keys, not the rest of a 128-key tile. The two lane groups
-  // of a pair share every broadcast of K and V (gemm16x2); stacked GQA heads have equal spans.
+  // of a pair share every broadcast of K and V (scores2, pv2); stacked GQA heads have equal spans.
   const bool spans = P.rows && !P.tile_class;
   LaneSpan sp[2];
   for (int g = 0; g < nlg; g += 2) {
@@ -315,60 +363,71 @@ __attribute__((noinline)) static void fwd_rowset(const Params& P, FwdBufs<T>& S,
     }
     sp[g / 2] = x;
   }
+  const int npair = (nlg + 1) / 2;
   for (int64_t j0 = ka; j0 < kz; j0 += P.bk) {
     const int64_t jn = imin(P.bk, kz - j0), kb = j0 / P.bk;
-    int64_t off[2], len[2];
-    bool any = false;
-    for (int g = 0; g < nlg; ++g) {
-      const LaneSpan& x = sp[g / 2];
-      const int64_t s0 = imax(j0, x.a), s1 = imin(j0 + jn, x.z);
-      off[g / 2] = s0 - j0;
-      len[g / 2] = s1 - s0;
-      if (s1 <= s0) {
-        tm[g].mode = TILE_SKIP;
-        continue;
+    // each pair's keys [s0[p], s1[p]) in this tile, and their union [t0, t1): the range read
+    int64_t s0[2], s1[2], t0 = j0 + jn, t1 = j0;
+    for (int p = 0; p < npair; ++p) {
+      s0[p] = imax(j0, sp[p].a);
+      s1[p] = imin(j0 + jn, sp[p].z);
+      if (s0[p] < s1[p]) {
+        t0 = imin(t0, s0[p]);
+        t1 = imax(t1, s1[p]);
       }
-      classify(P, lgs[g], kb, s0, s1 - s0, tm[g]);
-      any = any || tm[g].mode != TILE_SKIP;
+    }
+    if (t0 >= t1) continue;
+    bool any = false;
+    for (int p = 0; p < npair; ++p) {
+      // down to the Dot's key step from t0: the keys added lie outside every lane's interval
+      if (s0[p] < s1[p]) s0[p] = t0 + (s0[p] - t0) / Dot::kKeyStep * Dot::kKeyStep;
+      for (int g = 2 * p; g < 2 * p + 2 && g < nlg; ++g) {
+        if (s1[p] <= s0[p]) {
+          tm[g].mode = TILE_SKIP;
+          continue;
+        }
+        classify(P, lgs[g], kb, s0[p], s1[p] - s0[p], tm[g]);
+        any = any || tm[g].mode != TILE_SKIP;
+      }
     }
     if (!any) continue;
-    int64_t ldk, ldv;
-    const C* kp = kv_tile<T, C>(P.k, b, kvh, j0, jn, P.Dk, S.kc, dkp, false, ldk);
-    const C* vp = kv_tile<T, C>(P.v, b, kvh, j0, jn, P.Dv, S.vc, dvp, false, ldv);
-    if (!kv_range_clean<T>(P, b, kvh, j0, jn))
-      dirty_span(P, lgs, nlg, kb, j0, jn, S.kc, S.vc, dkp, dvp, kp, ldk, vp, ldv, fl);
+    dot.range(lgs, nlg, kb, t0, t1 - t0, fl);
     for (int g = 0; g < nlg; g += 2) {
-      const int64_t s0 = j0 + off[g / 2], n = len[g / 2];
-      const C* ks = kp + off[g / 2] * ldk;
-      const C* vs = vp + off[g / 2] * ldv;
+      const int64_t a = s0[g / 2], n = s1[g / 2] - a, off = a - t0;
       const bool pair = g + 1 < nlg && tm[g].mode != TILE_SKIP && tm[g + 1].mode != TILE_SKIP;
       if (pair) {
         C* m0 = S.ml + g * 2 * kLanes;
         C* m1 = m0 + 2 * kLanes;
-        gemm16x2(S.st, S.st2, kLanes, ks, ldk, 1, S.qt + g * P.Dk * kLanes, S.qt + (g + 1) * P.Dk * kLanes, kLanes, n,
-                 P.Dk);
-        bool has_add = build_additive(P, lgs[g], tm[g], s0, n, S.addt, fl[g]);
-        const V a0 = softmax_tile<T, C>(P, lgs[g], ml[g], tm[g], s0, n, S.st, has_add ? S.addt : nullptr, m0,
+        dot.scores2(S.st, S.st2, g, off, n);
+        bool has_add = build_additive(P, lgs[g], tm[g], a, n, S.addt, fl[g]);
+        const V a0 = softmax_tile<T, C>(P, lgs[g], ml[g], tm[g], a, n, S.st, has_add ? S.addt : nullptr, m0,
                                         m0 + kLanes, S.lc + g * kLanes);
-        has_add = build_additive(P, lgs[g + 1], tm[g + 1], s0, n, S.addt, fl[g + 1]);
-        const V a1 = softmax_tile<T, C>(P, lgs[g + 1], ml[g + 1], tm[g + 1], s0, n, S.st2, has_add ? S.addt : nullptr,
+        has_add = build_additive(P, lgs[g + 1], tm[g + 1], a, n, S.addt, fl[g + 1]);
+        const V a1 = softmax_tile<T, C>(P, lgs[g + 1], ml[g + 1], tm[g + 1], a, n, S.st2, has_add ? S.addt : nullptr,
                                         m1, m1 + kLanes, S.lc + (g + 1) * kLanes);
-        gemm16x2_kahan(S.ot + g * Dv * kLanes, S.oc + g * Dv * kLanes, S.ot + (g + 1) * Dv * kLanes,
-                       S.oc + (g + 1) * Dv * kLanes, kLanes, vs, 1, ldv, S.st, S.st2, kLanes, Dv, n, a0, a1);
+        dot.pv2(S.st, S.st2, g, off, n, a0, a1);
         continue;
       }
       for (int h = g; h < g + 2 && h < nlg; ++h) {
         if (tm[h].mode == TILE_SKIP) continue;
-        gemm16<false>(S.st, kLanes, ks, ldk, 1, S.qt + h * P.Dk * kLanes, kLanes, n, P.Dk);
-        const bool has_add = build_additive(P, lgs[h], tm[h], s0, n, S.addt, fl[h]);
+        dot.scores(S.st, h, off, n);
+        const bool has_add = build_additive(P, lgs[h], tm[h], a, n, S.addt, fl[h]);
         C* m_run = S.ml + h * 2 * kLanes;
-        const V alpha = softmax_tile<T, C>(P, lgs[h], ml[h], tm[h], s0, n, S.st, has_add ? S.addt : nullptr, m_run,
+        const V alpha = softmax_tile<T, C>(P, lgs[h], ml[h], tm[h], a, n, S.st, has_add ? S.addt : nullptr, m_run,
                                            m_run + kLanes, S.lc + h * kLanes);
         // O^T = O^T alpha + V^T P^T, the tile summed from zero and added compensated (microkernel.hpp)
-        gemm16_kahan(S.ot + h * Dv * kLanes, S.oc + h * Dv * kLanes, kLanes, vs, 1, ldv, S.st, kLanes, Dv, n, alpha);
+        dot.pv(S.st, h, off, n, alpha);
       }
     }
   }
+}
+
+// The tile loop of a dtype. kernels_avx512bf16.cpp specializes it for bf16_t (fwd_tiles over its
+// vdpbf16ps Dot): keep the signature in step.
+template <class T>
+static void fwd_rowset(const Params& P, FwdBufs<T>& S, const LaneGroup* lgs, int nlg, int64_t ka, int64_t kz,
+                       uint8_t (*fl)[kLanes]) {
+  fwd_tiles<WideDot<T>>(P, S, lgs, nlg, ka, kz, fl);
 }
 
 // After fwd_rowset: the rows of each lane group (write_rows), or, for a decode split (part), the

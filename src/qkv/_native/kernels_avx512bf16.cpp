@@ -8,12 +8,16 @@
 //   S^T = K Q^T   pairs along Dk: one dword of a K row (k[2p], k[2p+1]) broadcast over the lanes,
 //                 against Q^T as pairs [Dk/2][16 lanes][2] (q kept in bf16, unscaled: the scale is
 //                 applied to the float32 dot products, so no bf16 rounding of q * scale);
-//   O^T += V^T P^T  pairs along keys: V packed once per tile as [keys/2][Dv] dwords
-//                 (v[2p][d], v[2p+1][d]), P^T as pairs [keys/2][16 lanes][2] rounded to bf16 from
-//                 the float32 softmax (as FlashAttention-2 rounds P to the input type before
-//                 its P V matmul on GPUs, arXiv:2307.08691), the tile's sum added compensated.
-// An odd Dk or an odd key count ends with a half pair whose missing half is 0 in both operands.
-// The softmax, its statistics, masks, mods and the output are those of every other path (float32).
+//   O^T += V^T P^T  pairs along keys: V packed once per range of keys read as [keys/2][Dv]
+//                 dwords (v[2p][d], v[2p+1][d]), P^T as pairs [keys/2][16 lanes][2] rounded to
+//                 bf16 from the float32 softmax (as FlashAttention-2 rounds P to the input type
+//                 before its P V matmul on GPUs, arXiv:2307.08691), the tile's sum added
+//                 compensated.
+// An odd Dk or an odd key count ends with a half pair whose missing half is 0 in P and Q (the V
+// row it meets is zero or a finite row of the range).
+// Both are the dot products (Bf16Dot) of attention_fwd.hpp's tile loop, fwd_tiles: the exact key
+// spans, the paired lane groups (one broadcast of K or V feeds two lane groups), the softmax, its
+// statistics, masks, mods, dropout and the output are those of every other path (float32).
 // vdpbf16ps treats bf16 subnormals (|x| < 1.2e-38) as zero; the widening path does not. And since
 // the scale comes after the dot product, |q.k| beyond float32's range (3.4e38) is reported as an
 // overflow (finite.hpp) even where |q.k| * scale would have fitted.
@@ -38,82 +42,82 @@ static inline __m512i bcast_pair(const uint16_t* p) {  // p[0] in the low half: 
 }
 static inline __m512i bcast_half(uint16_t x) { return _mm512_set1_epi32(int(uint32_t(x))); }  // (x, 0)
 
-// NR rows of C kept in registers (16 accumulators of 32 zmm): whole blocks for the usual 64 / 128
-// keys per tile and Dv = 64 / 128. With 12, as the float block, Dv = 64 left a 4-row tail that is
-// latency-bound (4 chains): 4% of a dense forward's time for 6% of its P V work (perf, Zen 5).
+// Rows of C kept in registers: 16 accumulators of 32 zmm for one lane group: whole blocks for the
+// usual 64 / 128 keys per tile and Dv = 64 / 128 (with 12, as the float block, Dv = 64 left a
+// 4-row tail that is latency-bound, 4 chains: 4% of a dense forward's time for 6% of its P V work,
+// perf, Zen 5). Two lane groups: 2 x NR_BF2 accumulators, two operand vectors and the broadcast.
 constexpr int NR_BF = 16;
+constexpr int NR_BF2 = 12;
 
-// st[m][0..15] = f * sum_d k[m][d] q[lane][d], m < NRm: k rows bf16 (stride ldk), qp = Q^T pairs.
-template <int NRm>
-static inline __attribute__((always_inline)) void score_block(float* __restrict st, const uint16_t* __restrict k,
-                                                              int64_t ldk, const uint16_t* __restrict qp, int64_t Dk,
-                                                              __m512 f) {
-  __m512 acc[NRm];
+// The one vdpbf16ps block behind the four dot products (S^T and O^T, of one lane group or of two
+// sharing each broadcast of K or V, as microkernel.hpp's gemm16x2): for g < NG and m < NRm,
+//   acc_g[m] = sum_{p < R} pair(a + m sam + p sar) . b_g[p]   (+ (a[m sam + R sar], 0) . b_g[R] if half)
+// where pair(x) broadcasts the two bf16 at x (x[0] low) over the lanes and b_g holds pairs
+// [.][16 lanes][2]; then STORE: C_g[m] = acc_g[m] s_g, or KAHAN: C_g[m] = C_g[m] s_g + acc_g[m],
+// compensated with the carry k_g (microkernel.hpp). Strides in bf16 elements.
+template <int NG, int NRm, int MODE>
+static inline __attribute__((always_inline)) void dp_block(float* __restrict c0, float* __restrict c1,
+                                                           float* __restrict k0, float* __restrict k1,
+                                                           const uint16_t* __restrict a, int64_t sam, int64_t sar,
+                                                           const uint16_t* __restrict b0, const uint16_t* __restrict b1,
+                                                           int64_t R, bool half, VF s0, VF s1) {
+  __m512 acc0[NRm], acc1[NRm];
 #pragma GCC unroll 16
-  for (int m = 0; m < NRm; ++m) acc[m] = _mm512_setzero_ps();
-  const int64_t np = Dk / 2;
-  for (int64_t p = 0; p < np; ++p) {
-    const __m512i b = _mm512_load_si512(qp + p * 2 * kLanes);
+  for (int m = 0; m < NRm; ++m) acc0[m] = acc1[m] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < R; ++p) {
+    const __m512i x0 = _mm512_load_si512(b0 + p * 2 * kLanes);
+    const __m512i x1 = NG == 2 ? _mm512_load_si512(b1 + p * 2 * kLanes) : x0;
 #pragma GCC unroll 16
-    for (int m = 0; m < NRm; ++m) acc[m] = dpbf16(acc[m], bcast_pair(k + m * ldk + 2 * p), b);
+    for (int m = 0; m < NRm; ++m) {
+      const __m512i y = bcast_pair(a + m * sam + p * sar);
+      acc0[m] = dpbf16(acc0[m], y, x0);
+      if constexpr (NG == 2) acc1[m] = dpbf16(acc1[m], y, x1);
+    }
   }
-  if (Dk & 1) {  // the half pair: never read past the row (the next element may be NaN or unmapped)
-    const __m512i b = _mm512_load_si512(qp + np * 2 * kLanes);
+  if (half) {  // never read past a row (the next element may be NaN or unmapped)
+    const __m512i x0 = _mm512_load_si512(b0 + R * 2 * kLanes);
+    const __m512i x1 = NG == 2 ? _mm512_load_si512(b1 + R * 2 * kLanes) : x0;
 #pragma GCC unroll 16
-    for (int m = 0; m < NRm; ++m) acc[m] = dpbf16(acc[m], bcast_half(k[m * ldk + Dk - 1]), b);
+    for (int m = 0; m < NRm; ++m) {
+      const __m512i y = bcast_half(a[m * sam + R * sar]);
+      acc0[m] = dpbf16(acc0[m], y, x0);
+      if constexpr (NG == 2) acc1[m] = dpbf16(acc1[m], y, x1);
+    }
   }
 #pragma GCC unroll 16
-  for (int m = 0; m < NRm; ++m) _mm512_store_ps(st + m * kLanes, _mm512_mul_ps(acc[m], f));
+  for (int m = 0; m < NRm; ++m) {
+    if constexpr (MODE == KAHAN) {
+      kahan_add(c0 + m * kLanes, k0 + m * kLanes, VF{acc0[m]}, s0);
+      if constexpr (NG == 2) kahan_add(c1 + m * kLanes, k1 + m * kLanes, VF{acc1[m]}, s1);
+    } else {
+      _mm512_store_ps(c0 + m * kLanes, _mm512_mul_ps(acc0[m], s0.a));
+      if constexpr (NG == 2) _mm512_store_ps(c1 + m * kLanes, _mm512_mul_ps(acc1[m], s1.a));
+    }
+  }
 }
 
-template <int K>
-static inline void score_tail(int rem, float* st, const uint16_t* k, int64_t ldk, const uint16_t* qp, int64_t Dk,
-                              __m512 f) {
+template <int NG, int K, int MODE>
+static inline void dp_tail(int rem, float* c0, float* c1, float* k0, float* k1, const uint16_t* a, int64_t sam,
+                           int64_t sar, const uint16_t* b0, const uint16_t* b1, int64_t R, bool half, VF s0, VF s1) {
   if constexpr (K >= 1) {
-    if (rem == K) return score_block<K>(st, k, ldk, qp, Dk, f);
-    score_tail<K - 1>(rem, st, k, ldk, qp, Dk, f);
+    if (rem == K) return dp_block<NG, K, MODE>(c0, c1, k0, k1, a, sam, sar, b0, b1, R, half, s0, s1);
+    dp_tail<NG, K - 1, MODE>(rem, c0, c1, k0, k1, a, sam, sar, b0, b1, R, half, s0, s1);
   }
 }
 
-// S^T [jn][16] of one lane group, in the units of q_prescale (mods.hpp), as gemm16 leaves them.
-static void scores_bf16(float* st, const uint16_t* k, int64_t ldk, const uint16_t* qp, int64_t jn, int64_t Dk,
-                        float f) {
-  const __m512 fv = _mm512_set1_ps(f);
+// dp_block over M rows of C ([M][16] each; k0 / k1 only for KAHAN, c1 / k1 / b1 only for NG = 2).
+template <int NG, int MODE>
+static void dp(float* c0, float* c1, float* k0, float* k1, const uint16_t* a, int64_t sam, int64_t sar,
+               const uint16_t* b0, const uint16_t* b1, int64_t M, int64_t R, bool half, VF s0, VF s1) {
+  constexpr int NR = NG == 1 ? NR_BF : NR_BF2;
+  const auto at = [](float* x, int64_t m) { return x ? x + m * kLanes : x; };
   int64_t m = 0;
-  for (; m + NR_BF <= jn; m += NR_BF) score_block<NR_BF>(st + m * kLanes, k + m * ldk, ldk, qp, Dk, fv);
-  if (m < jn) score_tail<NR_BF - 1>(int(jn - m), st + m * kLanes, k + m * ldk, ldk, qp, Dk, fv);
-}
-
-// O^T[d] = O^T[d] alpha + sum_p vp[p][d] . pp[p], d < NRm, compensated (microkernel.hpp's KAHAN).
-template <int NRm>
-static inline __attribute__((always_inline)) void pv_block(float* __restrict ot, float* __restrict oc,
-                                                           const uint32_t* __restrict vp, int64_t Dv,
-                                                           const uint16_t* __restrict pp, int64_t np, VF alpha) {
-  __m512 acc[NRm];
-#pragma GCC unroll 16
-  for (int m = 0; m < NRm; ++m) acc[m] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < np; ++p) {
-    const __m512i b = _mm512_load_si512(pp + p * 2 * kLanes);
-#pragma GCC unroll 16
-    for (int m = 0; m < NRm; ++m) acc[m] = dpbf16(acc[m], _mm512_set1_epi32(int(vp[p * Dv + m])), b);
-  }
-#pragma GCC unroll 16
-  for (int m = 0; m < NRm; ++m) kahan_add(ot + m * kLanes, oc + m * kLanes, VF{acc[m]}, alpha);
-}
-
-template <int K>
-static inline void pv_tail(int rem, float* ot, float* oc, const uint32_t* vp, int64_t Dv, const uint16_t* pp,
-                           int64_t np, VF alpha) {
-  if constexpr (K >= 1) {
-    if (rem == K) return pv_block<K>(ot, oc, vp, Dv, pp, np, alpha);
-    pv_tail<K - 1>(rem, ot, oc, vp, Dv, pp, np, alpha);
-  }
-}
-
-static void pv_bf16(float* ot, float* oc, const uint32_t* vp, int64_t Dv, const uint16_t* pp, int64_t np, VF alpha) {
-  int64_t d = 0;
-  for (; d + NR_BF <= Dv; d += NR_BF) pv_block<NR_BF>(ot + d * kLanes, oc + d * kLanes, vp + d, Dv, pp, np, alpha);
-  if (d < Dv) pv_tail<NR_BF - 1>(int(Dv - d), ot + d * kLanes, oc + d * kLanes, vp + d, Dv, pp, np, alpha);
+  for (; m + NR <= M; m += NR)
+    dp_block<NG, NR, MODE>(c0 + m * kLanes, at(c1, m), at(k0, m), at(k1, m), a + m * sam, sam, sar, b0, b1, R, half, s0,
+                           s1);
+  if (m < M)
+    dp_tail<NG, NR - 1, MODE>(int(M - m), c0 + m * kLanes, at(c1, m), at(k0, m), at(k1, m), a + m * sam, sam, sar, b0,
+                              b1, R, half, s0, s1);
 }
 
 // ------------------------------------------------------------------ operand layouts
@@ -172,13 +176,13 @@ static void scan_bf16(const uint16_t* x, int64_t ld, int64_t jn, int64_t D, Tile
   }
 }
 
-// finite.hpp's dirty_tile for bf16 rows: K rows that are not finite zeroed in a copy (kp / ldk then
-// point at it), V's marked in bv (pack_v zeroes them), the lanes attending one of them flagged.
-__attribute__((noinline)) static void dirty_tile_bf16(const Params& P, const LaneGroup* lgs, int nlg,
-                                                      const TileMask* tm, int64_t j0, int64_t jn, uint16_t* kbuf,
-                                                      int64_t ldkb, const uint16_t*& kp, int64_t& ldk,
-                                                      const uint16_t* vp, int64_t ldv, TileRows& bv,
-                                                      uint8_t (*fl)[kLanes]) {
+// attention_fwd.hpp's dirty_span for bf16 rows (rare, so out of line): K rows that are not finite
+// zeroed in a copy (kp / ldk then point at it), V's marked in bv (pack_v zeroes them), the lanes
+// attending one of them (by their masks over the whole range) flagged.
+__attribute__((noinline)) static void dirty_span_bf16(const Params& P, const LaneGroup* lgs, int nlg, int64_t kb,
+                                                      int64_t j0, int64_t jn, uint16_t* kbuf, int64_t ldkb,
+                                                      const uint16_t*& kp, int64_t& ldk, const uint16_t* vp,
+                                                      int64_t ldv, TileRows& bv, uint8_t (*fl)[kLanes]) {
   TileRows bk;
   scan_bf16(kp, ldk, jn, P.Dk, bk);
   scan_bf16(vp, ldv, jn, P.Dv, bv);
@@ -192,68 +196,73 @@ __attribute__((noinline)) static void dirty_tile_bf16(const Params& P, const Lan
     kp = kbuf;
     ldk = ldkb;
   }
-  for (int g = 0; g < nlg; ++g) flag_attending(P, lgs[g], tm[g], j0, jn, bk, bv, fl[g]);
+  TileMask whole;
+  for (int g = 0; g < nlg; ++g) {
+    classify(P, lgs[g], kb, j0, jn, whole);
+    flag_attending(P, lgs[g], whole, j0, jn, bk, bv, fl[g]);
+  }
 }
 
-// ------------------------------------------------------------------ the tile loop
+// ------------------------------------------------------------------ the tile loop's dot products
 
-// attention_fwd.hpp's fwd_rowset for bf16 inputs, with the two matmuls above. Not yet ported: the
-// float loop's exact key spans per pair of lane groups and its shared broadcasts (gemm16x2); this
-// loop reads whole tiles of [ka, kz) and masks inside them (classify), so dense work is at full
-// speed but a narrow band (window, diagonal) spends more of its time on masked keys. The scratch is
-// FwdBufs<bf16_t> (float32 buffers) holding bf16 layouts, which are never larger: qt: Q^T pairs,
-// kc: a cleaned K copy, vc: the V pairs, st: S^T then P^T pairs in place.
-template <>
-__attribute__((noinline)) void fwd_rowset<bf16_t>(const Params& P, FwdBufs<bf16_t>& S, const LaneGroup* lgs, int nlg,
-                                                  int64_t ka, int64_t kz, uint8_t (*fl)[kLanes]) {
-  using C = float;
-  using V = VF;
-  const int64_t Dv = P.Dv, dkp = round_up(P.Dk, kLanes);
-  const float f = float(q_prescale(P));
-  ModLanes<C> ml[4];
-  TileMask tm[4];
-  uint16_t* qp = reinterpret_cast<uint16_t*>(S.qt);
-  for (int g = 0; g < nlg; ++g) {
-    load_q_pairs(P, lgs[g], qp + g * P.Dk * kLanes * 2, fl[g]);
-    std::memset(static_cast<void*>(S.ot + g * Dv * kLanes), 0, sizeof(C) * size_t(Dv) * kLanes);
-    std::memset(static_cast<void*>(S.oc + g * Dv * kLanes), 0, sizeof(C) * size_t(Dv) * kLanes);
-    vstore(S.lc + g * kLanes, vzero<V>());
-    vstore(S.ml + g * 2 * kLanes, vset1<V>(C(-INFINITY)));
-    vstore(S.ml + g * 2 * kLanes + kLanes, vzero<V>());
-    mod_lanes_init(P, lgs[g], ml[g]);
+// attention_fwd.hpp's WideDot for bf16 inputs: fwd_tiles (spans, paired lane groups, softmax,
+// masks, mods) runs over these. The scratch is FwdBufs<bf16_t> (float32 buffers) holding bf16
+// layouts, which are never larger: qt: Q^T pairs per slot, kc: a cleaned K copy, vc: the range's
+// V pairs, st / st2: S^T, then P^T pairs written in place.
+struct Bf16Dot {
+  static constexpr int64_t kKeyStep = 2;  // P^T pairs of a span meet V's pairs packed from the range's start
+  const Params* P;
+  FwdBufs<bf16_t>* S;
+  const uint16_t* kp = nullptr;
+  int64_t ldk = 0;
+
+  const uint16_t* q(int g) const { return reinterpret_cast<const uint16_t*>(S->qt + g * P->Dk * kLanes); }
+  const uint16_t* vpairs(int64_t off) const { return reinterpret_cast<const uint16_t*>(S->vc) + off * P->Dv; }
+  float* o(int g) const { return S->ot + g * P->Dv * kLanes; }
+  float* oc(int g) const { return S->oc + g * P->Dv * kLanes; }
+  VF scale() const { return vset1<VF>(float(q_prescale(*P))); }
+  void load_q(const LaneGroup& lg, int g, uint8_t* fl) {
+    load_q_pairs(*P, lg, reinterpret_cast<uint16_t*>(S->qt + g * P->Dk * kLanes), fl);
   }
-  const int64_t b = lgs[0].b, kvh = lgs[0].g;
-  const uint16_t* kbase = static_cast<const uint16_t*>(P.k.data) + b * P.k.s0 + kvh * P.k.s1;
-  const uint16_t* vbase = static_cast<const uint16_t*>(P.v.data) + b * P.v.s0 + kvh * P.v.s1;
-  uint32_t* vpairs = reinterpret_cast<uint32_t*>(S.vc);
-  const uint16_t* pp = reinterpret_cast<const uint16_t*>(S.st);
-  for (int64_t j0 = ka; j0 < kz; j0 += P.bk) {
-    const int64_t jn = imin(P.bk, kz - j0), kb = j0 / P.bk;
-    bool any = false;
-    for (int g = 0; g < nlg; ++g) {
-      classify(P, lgs[g], kb, j0, jn, tm[g]);
-      any = any || tm[g].mode != TILE_SKIP;
-    }
-    if (!any) continue;
-    const uint16_t* kp = kbase + j0 * P.k.s2;
-    const uint16_t* vp = vbase + j0 * P.v.s2;
-    int64_t ldk = P.k.s2;
+  void range(const LaneGroup* lgs, int nlg, int64_t kb, int64_t j0, int64_t jn, uint8_t (*fl)[kLanes]) {
+    const int64_t b = lgs[0].b, g = lgs[0].g;
+    kp = static_cast<const uint16_t*>(P->k.data) + b * P->k.s0 + g * P->k.s1 + j0 * P->k.s2;
+    ldk = P->k.s2;
+    const uint16_t* vr = static_cast<const uint16_t*>(P->v.data) + b * P->v.s0 + g * P->v.s1 + j0 * P->v.s2;
     TileRows bv;
     bv.any = false;
-    if (!kv_range_clean<bf16_t>(P, b, kvh, j0, jn))
-      dirty_tile_bf16(P, lgs, nlg, tm, j0, jn, reinterpret_cast<uint16_t*>(S.kc), dkp, kp, ldk, vp, P.v.s2, bv, fl);
-    pack_v(vp, P.v.s2, jn, Dv, bv, vpairs);
-    for (int g = 0; g < nlg; ++g) {
-      if (tm[g].mode == TILE_SKIP) continue;
-      scores_bf16(S.st, kp, ldk, qp + g * P.Dk * kLanes * 2, jn, P.Dk, f);
-      const bool has_add = build_additive(P, lgs[g], tm[g], j0, jn, S.addt, fl[g]);
-      C* m_run = S.ml + g * 2 * kLanes;
-      const V alpha = softmax_tile<bf16_t, C>(P, lgs[g], ml[g], tm[g], j0, jn, S.st, has_add ? S.addt : nullptr, m_run,
-                                              m_run + kLanes, S.lc + g * kLanes);
-      p_pairs(S.st, jn);
-      pv_bf16(S.ot + g * Dv * kLanes, S.oc + g * Dv * kLanes, vpairs, Dv, pp, (jn + 1) / 2, alpha);
-    }
+    if (!kv_range_clean<bf16_t>(*P, b, g, j0, jn))
+      dirty_span_bf16(*P, lgs, nlg, kb, j0, jn, reinterpret_cast<uint16_t*>(S->kc), round_up(P->Dk, kLanes), kp, ldk,
+                      vr, P->v.s2, bv, fl);
+    pack_v(vr, P->v.s2, jn, P->Dv, bv, reinterpret_cast<uint32_t*>(S->vc));
   }
+  // S^T: pairs along Dk, K rows broadcast from the range in place
+  void scores(float* st, int g, int64_t off, int64_t n) const {
+    dp<1, STORE>(st, nullptr, nullptr, nullptr, kp + off * ldk, ldk, 2, q(g), nullptr, n, P->Dk / 2, P->Dk & 1, scale(),
+                 scale());
+  }
+  void scores2(float* st0, float* st1, int g, int64_t off, int64_t n) const {
+    dp<2, STORE>(st0, st1, nullptr, nullptr, kp + off * ldk, ldk, 2, q(g), q(g + 1), n, P->Dk / 2, P->Dk & 1, scale(),
+                 scale());
+  }
+  // O^T: pairs along keys (off is even: kKeyStep), P^T rounded to bf16 pairs in place
+  void pv(float* pt, int g, int64_t off, int64_t n, VF alpha) const {
+    p_pairs(pt, n);
+    dp<1, KAHAN>(o(g), nullptr, oc(g), nullptr, vpairs(off), 2, 2 * P->Dv, reinterpret_cast<const uint16_t*>(pt),
+                 nullptr, P->Dv, (n + 1) / 2, false, alpha, alpha);
+  }
+  void pv2(float* pt0, float* pt1, int g, int64_t off, int64_t n, VF a0, VF a1) const {
+    p_pairs(pt0, n);
+    p_pairs(pt1, n);
+    dp<2, KAHAN>(o(g), o(g + 1), oc(g), oc(g + 1), vpairs(off), 2, 2 * P->Dv, reinterpret_cast<const uint16_t*>(pt0),
+                 reinterpret_cast<const uint16_t*>(pt1), P->Dv, (n + 1) / 2, false, a0, a1);
+  }
+};
+
+template <>
+void fwd_rowset<bf16_t>(const Params& P, FwdBufs<bf16_t>& S, const LaneGroup* lgs, int nlg, int64_t ka, int64_t kz,
+                        uint8_t (*fl)[kLanes]) {
+  fwd_tiles<Bf16Dot>(P, S, lgs, nlg, ka, kz, fl);
 }
 
 }  // namespace QKV_NS
