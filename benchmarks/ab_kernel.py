@@ -9,7 +9,8 @@ commit's kernel against the installed one, build the commit into a separate dire
     cmake -S /tmp/old -B /tmp/old/build -DPython_EXECUTABLE=$PWD/.venv/bin/python && cmake --build /tmp/old/build
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/ab_kernel.py --a $(find /tmp/old/build -name '_ext*.so')
 
-``--b`` defaults to the installed module. Ratio > 1: B is slower. Float32, B=1, H=8, D=64.
+``--b`` defaults to the installed module; ``--cases bwd,decode`` runs the cases whose names hold
+one of those strings. Ratio > 1: B is slower. Float32, B=1, H=8, D=64.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ import subprocess
 import sys
 import time
 
-CASES = {  # name -> (Nq, Nk, causal, backward, softcap)
-    "dense fwd N=4096": (4096, 4096, False, False, None),
-    "causal fwd N=8192": (8192, 8192, True, False, None),
-    "dense fwd+bwd N=2048": (2048, 2048, False, True, None),
-    "softcap fwd N=4096": (4096, 4096, False, False, 50.0),
-    "softcap fwd+bwd N=2048": (2048, 2048, False, True, 50.0),
-    "decode Nq=1 Nk=65536": (1, 65536, False, False, None),
+CASES = {  # name -> (Nq, Nk, causal, backward, softcap, Hkv)
+    "dense fwd N=4096": (4096, 4096, False, False, None, 8),
+    "causal fwd N=8192": (8192, 8192, True, False, None, 8),
+    "dense fwd+bwd N=2048": (2048, 2048, False, True, None, 8),
+    "causal GQA 8/2 fwd+bwd N=2048": (2048, 2048, True, True, None, 2),
+    "softcap fwd N=4096": (4096, 4096, False, False, 50.0, 8),
+    "softcap fwd+bwd N=2048": (2048, 2048, False, True, 50.0, 8),
+    "decode Nq=1 Nk=65536": (1, 65536, False, False, None, 8),
     "tile step, 1 thread, L1": None,  # _microbench(3): S, softmax, P V and the O update of one 16 x 128 tile
 }
 
@@ -47,10 +49,10 @@ def worker() -> None:
         if CASES[name] is None:  # seconds per GFLOP, best of 3
             print(json.dumps(1 / max(qkv._native._ext._microbench(3, 20000) for _ in range(3))), flush=True)
             continue
-        nq, nk, causal, bwd, cap = CASES[name]
+        nq, nk, causal, bwd, cap, hkv = CASES[name]
         kw = {"causal": causal, "score_mod": None if cap is None else scores.softcap(cap)}
         if name not in made:
-            made[name] = [torch.randn(1, 8, n, 64, generator=g) for n in (nq, nk, nk, nq)]
+            made[name] = [torch.randn(1, h, n, 64, generator=g) for h, n in ((8, nq), (hkv, nk), (hkv, nk), (8, nq))]
         q, k, v, do = made[name]
         best = float("inf")
         for _ in range(3):
@@ -84,6 +86,7 @@ def main() -> None:
     ap.add_argument("--a", help="the baseline _ext*.so (required)")
     ap.add_argument("--b", default=None, help="the candidate _ext*.so (default: the installed module)")
     ap.add_argument("--pairs", type=int, default=9)
+    ap.add_argument("--cases", default="", help="comma-separated substrings of the case names to run (default: all)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -95,7 +98,8 @@ def main() -> None:
 
     a, b = start(args.a), start(args.b)
     print(f"A = {args.a}\nB = {args.b or 'installed'}\nOMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
-    for name in CASES:
+    wanted = [c for c in args.cases.split(",") if c]
+    for name in (n for n in CASES if not wanted or any(w in n for w in wanted)):
         ask(a, name), ask(b, name)  # warm-up
         ratios, ta, tb = [], [], []
         for i in range(args.pairs):
