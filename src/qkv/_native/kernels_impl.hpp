@@ -52,12 +52,12 @@ static void stacked_rows(const Params& P, FwdJob<T>& J) {
 template <class T>
 static int make_rowset(const Params& P, const FwdJob<T>& J, int64_t item, LaneGroup* lgs) {
   const int64_t group = P.H / P.Hkv;
-  // the last position chunks first, over all heads: under causal masks they are the longest, and
-  // handing them out first leaves the short ones to even out the threads' ends (longest
-  // processing time first); the tile loop's results do not depend on the order
-  const int64_t per_pc = P.B * P.Hkv * J.n_hc;
-  const int64_t pc = J.n_pc - 1 - item / per_pc;
-  item %= per_pc;
+  // one (b, kv head, head chunk) after another, its last position chunks first: under causal
+  // masks they are the longest, so the queue ends on short items that even out the threads'
+  // ends; and the next item a thread takes is a neighbouring chunk of the same heads, whose keys
+  // (a sliding window's band) are still in its cache. The results do not depend on the order.
+  const int64_t pc = J.n_pc - 1 - item % J.n_pc;
+  item /= J.n_pc;
   const int64_t hc = item % J.n_hc;
   item /= J.n_hc;
   const int64_t g = item % P.Hkv, b = item / P.Hkv;
