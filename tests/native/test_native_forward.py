@@ -126,3 +126,29 @@ def test_isa_paths_agree(rng):
     for p, (o, lse) in res.items():
         assert max_err(o, res["portable"][0]) < 1e-5, p
         assert max_err(lse, res["portable"][1]) < 1e-5, p
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("nq", [17, 33, 129])
+def test_rows_that_overflow_at_the_write_are_counted_and_only_they(isa, rng, dtype, nq):
+    """Finite scores, but one value column sums past the largest float: exactly the rows that
+    attend two of its huge entries come out NaN and are counted as overflow; every other row
+    matches the float64 oracle (the prefill path tells finite rows from the accumulator before
+    storing them: attention_fwd.hpp rows_finite)."""
+    q, k, v = make_qkv(rng, 1, 2, 1, nq, nq, 16, 24, dtype)
+    q[:] = 0  # equal scores: every attended key weighs 1 until the division by l
+    j = nq - 9  # under causal, rows > j attend both huge keys j and j + 1
+    v[0, 0, [j, j + 1], 5] = np.finfo(dtype).max * 0.9
+    i = np.arange(nq)
+    rows = np.stack([np.zeros(nq), i + 1], -1).astype(np.int32)[None, None]
+    out = np.empty((1, 2, nq, 24), dtype)
+    lse = np.empty((1, 2, nq), dtype)
+    bad, over = native.forward(q, k, v, out, lse, scale=0.25, rows=rows, threads=2)
+    hit = i > j
+    assert bad == 0 and over == 2 * hit.sum()
+    assert np.isnan(out[:, :, hit]).all() and np.isnan(lse[:, :, hit]).all()
+    allowed = i[None, :] <= i[:, None]
+    ro, rl, *_ = ref_forward(q, k, v, 0.25, allowed=np.broadcast_to(allowed, (1, 2, nq, nq)))
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(out[:, :, ~hit], ro[:, :, ~hit], rtol=rtol, atol=rtol)
+    np.testing.assert_allclose(lse[:, :, ~hit], rl[:, :, ~hit], rtol=rtol, atol=rtol)
