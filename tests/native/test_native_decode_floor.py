@@ -63,6 +63,54 @@ def test_half_caches(isa, rng, dtype, h, hkv, d):
             assert max_err(lse.double().numpy(), glse) < 1e-5
 
 
+# The thin path's score blocks (decode.hpp dec_block_t): rows in blocks of 4, 2 and 1 (every row
+# count 1..8), 16 / R keys per fold (key counts ending mid-fold: Nk % 4 and % 8 in 1..7), q's
+# chunks taken 8, 6, 4, 3, 2 or 1 at a time (Dk / 16 = 1..10; odd Dk through the padded copy), and
+# the P.V pass's two key sets (one or two rows at Dv <= 64) with an odd key left over.
+ROW_SHAPES = ((1, 1, 1), (2, 1, 1), (3, 1, 1), (4, 1, 1), (5, 1, 1), (6, 1, 1), (7, 1, 1), (8, 1, 1), (2, 1, 3))
+BLOCK_DIMS = (
+    (16, 16),
+    (32, 48),
+    (48, 64),
+    (80, 33),
+    (96, 96),
+    (112, 7),
+    (128, 128),
+    (160, 144),
+    (1, 1),
+    (7, 129),
+    (33, 40),
+    (129, 17),
+)
+
+
+@pytest.mark.parametrize("h,hkv,nq", ROW_SHAPES)
+def test_row_blocks_vs_oracle(isa, rng, h, hkv, nq):
+    for n, (dk, dv) in enumerate(BLOCK_DIMS):
+        nk = (129, 130, 131, 134, 263, 1029)[n % 6]
+        q, k, v = make_qkv(rng, 1, h, hkv, nq, nk, dk, dv, np.float32)
+        ro, rl, *_ = ref_forward(q, k, v, dk**-0.5)
+        for threads in (1, 2):
+            out, lse = run_forward(q, k, v, threads=threads)
+            assert max_err(out, ro) < 3e-6 and max_err(lse, rl) < 3e-6, (dk, dv, nk, threads)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 8])
+def test_row_blocks_half_caches(isa, rng, dtype, rows):
+    from _native_helpers import torch_naive
+
+    tdt = getattr(torch, dtype)
+    for dk, dv, nk in ((64, 64, 1029), (128, 128, 263), (96, 48, 131), (7, 33, 130)):
+        q, k, v = (torch.from_numpy(x).to(tdt) for x in make_qkv(rng, 1, rows, 1, 1, nk, dk, dv))
+        gold, glse, *_ = ref_forward(q.double().numpy(), k.double().numpy(), v.double().numpy(), dk**-0.5)
+        base = max_err(torch_naive(q, k, v, dk**-0.5).double().numpy(), gold)
+        for threads in (1, 2):
+            out, lse = torch_forward(q, k, v, threads=threads)
+            assert max_err(out.double().numpy(), gold) <= 2 * base + 1e-7, (dk, nk, threads)
+            assert max_err(lse.double().numpy(), glse) < 1e-5
+
+
 def test_isas_agree(rng):
     q, k, v = make_qkv(rng, 1, 8, 2, 1, 3001, 128, 128, np.float32)
     outs = []

@@ -9,16 +9,18 @@
 //
 // With at most 8 rows (the "thin" path: one query of up to 8 grouped heads, the common decode
 // step) the kernel is a streaming read of K and V and everything else must hide under it:
-//   - keys across lanes: S for 16 keys of one row comes from 16 accumulators of vertical FMAs over
-//     d, folded by one transposing reduction (vsum16: 15 adds, ~30 shuffles for 16 keys) instead
-//     of a horizontal sum per (key, row); the softmax then runs on 16 keys per vector. Rows go
-//     two at a time (8 keys x 2 rows per fold) so that each K vector loaded serves both.
+//   - keys across lanes: S for R rows x 16 / R keys (R = 4, 2 or 1) comes from 16 accumulators of
+//     vertical FMAs over d, folded by one transposing reduction (vsum16: 15 adds, ~30 shuffles)
+//     instead of a horizontal sum per (key, row); the softmax then runs on 16 keys per vector.
+//     Each K vector loaded serves all R rows of the block (4 grouped query heads: one load per 4
+//     FMAs' K operand instead of one per 2).
 //     (Transposing the K tile instead costs ~64 shuffles per 16 keys x 16 d, shared by the rows:
 //     more than the reduction below 8 rows.)
 //   - K and V are read in their own dtype (bf16 / fp16 widened in registers: half the bytes of a
 //     float copy) wherever a tile is FULL and unbiased (the bulk of a decode step), with a software
-//     prefetch kDecodePrefetch keys ahead; other tiles (mask edges, bias, odd Dk / Dv) take a
-//     widened, cleaned copy (finite.hpp) and the general softmax step (softmax_tile).
+//     prefetch kDecodePrefetch keys ahead issued from the loops that read K and V (one per 64-byte
+//     line); other tiles (mask edges, bias, odd Dk / Dv) take a widened, cleaned copy (finite.hpp)
+//     and the general softmax step (softmax_tile).
 // Above 8 rows the wide layout (fwd_rowset: 16 rows across the lanes) is used as in prefill.
 #pragma once
 #include <type_traits>
@@ -29,8 +31,9 @@ namespace qkv_native {
 inline namespace QKV_NS {
 
 constexpr int kThinMaxRows = 8;
-// Keys read ahead by software prefetch (K in the score pass, V in the P.V pass).
-// (32 and 64 measured alike within the noise of a shared machine; 0 no better.)
+// Keys read ahead by software prefetch (K in the score pass, V in the P.V pass). Without it the
+// one-thread read of a 32k-key bf16 cache ran at 0.75x (GQA) of the prefetched one; 16, 32, 64
+// and 128 keys measured alike within the noise of a shared machine.
 constexpr int64_t kDecodePrefetch = 64;
 // A decode call reading fewer K+V bytes runs on the calling thread: waking the pool (~5-10 us,
 // far more on a busy machine) would cost more than the read it shares (256 KiB: ~3-6 us on one
@@ -77,13 +80,6 @@ static inline typename VecOf<typename Compute<E>::type>::V vload_kv(const E* p) 
     return vload_f16(reinterpret_cast<const uint16_t*>(p));
   else
     return vload(p);
-}
-
-template <class E>
-static inline void prefetch_rows(const E* p, int64_t ld, int64_t rows, int64_t D) {
-  const int64_t bytes = D * int64_t(sizeof(E));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t x = 0; x < bytes; x += 64) __builtin_prefetch(reinterpret_cast<const char*>(p + r * ld) + x, 0, 3);
 }
 
 // ------------------------------------------------------------------ scratch of the thin path
@@ -144,158 +140,126 @@ static inline char* decode_scratch(size_t bytes) {
 
 // ------------------------------------------------------------------ the thin tile steps
 
-// Raw scores of rows [0, n) against keys [0, jn) of a tile (rows of K at kp, stride ldk, nck
-// chunks of 16, taken NCQ at a time with q in registers): sc[l * lds + jj], keys across the lanes;
-// lanes past jn hold -inf. probe: s * 0 accumulated (NaN exactly when some score is not finite).
-// Each K row is read front to back at constant offsets from one pointer (a pointer per chunk
-// across 16 rows would need more address registers than x86 has), and acc is only ever indexed
-// by constants: a runtime index puts the 16 accumulators on the stack (measured 3x slower).
-template <int NCQ, class E, class C>
-static inline void dec_scores_t(const E* kp, int64_t ldk, int64_t jn, int64_t nck, const C* qr, int64_t dkp, int n,
-                                C* sc, int64_t lds, int64_t ahead, typename VecOf<C>::V& probe) {
+// Raw scores of R rows (R = 1, 2 or 4) against keys [0, jn) of a tile (rows of K at kp, stride
+// ldk, nck chunks of 16): sc[r * lds + j], lanes past jn hold -inf. probe: s * 0 accumulated (NaN
+// exactly when some score is not finite). R rows x 16 / R keys fill the 16 accumulators of one fold
+// (vsum16), so each K vector loaded (and widened, for bf16 / fp16) serves all R rows: grouped
+// heads (4 query heads per kv head) load K once per chunk instead of once per pair of rows, half
+// the loads per FMA. q is taken NCQ chunks at a time (R x NCQ registers, 16 accumulators and the K
+// vector within the 32 zmm). Each K row is read front to back at constant offsets from one pointer
+// (a pointer per chunk across 16 rows would need more address registers than x86 has), and acc is
+// only ever indexed by constants: a runtime index puts the 16 accumulators on the stack (measured
+// 3x slower).
+template <int R, int NCQ, int LD, class E, class C>
+static inline void dec_block_t(const E* kp, int64_t ld_, int64_t jn, int64_t nck, const C* qr, int64_t dkp, C* sc,
+                               int64_t lds, int64_t ahead, typename VecOf<C>::V& probe) {
   using V = typename VecOf<C>::V;
-  const V zero = vzero<V>();
-  for (int64_t jb = 0; jb < jn; jb += kLanes) {
-    const int nb = int(imin(kLanes, jn - jb));
-    const E* kb = kp + jb * ldk;
-    if (ahead > jb) prefetch_rows(kb + kDecodePrefetch * ldk, ldk, imin(kLanes, ahead - jb), nck * kLanes);
-    for (int l = 0; l < n; ++l) {
-      V acc[kLanes];
-#pragma GCC unroll 16
-      for (int jj = 0; jj < kLanes; ++jj) acc[jj] = zero;
-      const C* q = qr + l * dkp;
-      for (int64_t c0 = 0; c0 < nck; c0 += NCQ) {
-        V qv[NCQ];
-#pragma GCC unroll 8
-        for (int c = 0; c < NCQ; ++c) qv[c] = vload(q + (c0 + c) * kLanes);
-#pragma GCC unroll 16
-        for (int jj = 0; jj < kLanes; ++jj) {
-          if (jj >= nb) break;
-          const E* r = kb + jj * ldk + c0 * kLanes;
-#pragma GCC unroll 8
-          for (int c = 0; c < NCQ; ++c) acc[jj] = vfma(vload_kv(r + c * kLanes), qv[c], acc[jj]);
-        }
-      }
-      const V s = vsum16(acc);
-      probe = vfma(s, zero, probe);
-      vstore(sc + l * lds + jb, s);
-      for (int jj = nb; jj < kLanes; ++jj) sc[l * lds + jb + jj] = C(-INFINITY);
-    }
-  }
-}
-
-// As dec_scores_t for an even number of rows, two at a time: 8 keys x 2 rows fill the 16
-// accumulators, so each K vector loaded serves both rows (half the loads of one row at a time;
-// grouped heads are the case). Lanes 0-7 of the folded vector are row l's 8 keys, 8-15 row l+1's.
-template <int NCQ, class E, class C>
-static inline void dec_pairs_t(const E* kp, int64_t ldk, int64_t jn, int64_t nck, const C* qr, int64_t dkp, int n,
-                               C* sc, int64_t lds, int64_t ahead, typename VecOf<C>::V& probe) {
-  using V = typename VecOf<C>::V;
-  constexpr int kHalf = kLanes / 2;
+  constexpr int KB = kLanes / R;  // keys per fold
+  // LD > 0: K rows contiguous, LD elements apart, known here: the 16 rows of a one-row fold are
+  // then displacements from one pointer (with a runtime stride, one address register per row,
+  // spilled with the prefetch addresses)
+  const int64_t ldk = LD > 0 ? LD : ld_;
   const V zero = vzero<V>();
   alignas(64) C t[kLanes];
+  // a 64-byte line holds 16 float32 or 32 bf16 / fp16 elements: one prefetch per line
+  constexpr int kPfEvery = int(64 / (kLanes * sizeof(E))) < 1 ? 1 : int(64 / (kLanes * sizeof(E)));
   for (int64_t jb = 0; jb < jn; jb += kLanes) {
-    const int nb = int(imin(kLanes, jn - jb));
-    if (ahead > jb) prefetch_rows(kp + (jb + kDecodePrefetch) * ldk, ldk, imin(kLanes, ahead - jb), nck * kLanes);
-    for (int l = 0; l < n; l += 2) {
-      const C* q0 = qr + l * dkp;
-      const C* q1 = q0 + dkp;
-      for (int half = 0; half < 2; ++half) {
-        const int64_t kh = jb + half * kHalf;
-        const int nh = int(imin(kHalf, imax(0, nb - half * kHalf)));
-        V acc[kLanes];
+    const int64_t je = imin(jb + kLanes, jn);
+    for (int64_t kh = jb; kh < je; kh += KB) {
+      const int nh = int(imin(KB, je - kh));
+      const bool pf = ahead > kh + KB - 1;  // every key of the block has its key kDecodePrefetch ahead in range
+      V acc[kLanes];
 #pragma GCC unroll 16
-        for (int x = 0; x < kLanes; ++x) acc[x] = zero;
-        for (int64_t c0 = 0; c0 < nck && nh > 0; c0 += NCQ) {
-          V a[NCQ], b[NCQ];
+      for (int x = 0; x < kLanes; ++x) acc[x] = zero;
+      for (int64_t c0 = 0; c0 < nck; c0 += NCQ) {
+        V q[R][NCQ];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+          for (int c = 0; c < NCQ; ++c) q[r][c] = vload(qr + r * dkp + (c0 + c) * kLanes);
+#pragma GCC unroll 16
+        for (int i = 0; i < KB; ++i) {
+          if (i >= nh) break;
+          const E* kr = kp + (kh + i) * ldk + c0 * kLanes;
 #pragma GCC unroll 8
           for (int c = 0; c < NCQ; ++c) {
-            a[c] = vload(q0 + (c0 + c) * kLanes);
-            b[c] = vload(q1 + (c0 + c) * kLanes);
-          }
-#pragma GCC unroll 8
-          for (int i = 0; i < kHalf; ++i) {
-            if (i >= nh) break;
-            const E* r = kp + (kh + i) * ldk + c0 * kLanes;
-#pragma GCC unroll 8
-            for (int c = 0; c < NCQ; ++c) {
-              const V k = vload_kv(r + c * kLanes);
-              acc[i] = vfma(k, a[c], acc[i]);
-              acc[kHalf + i] = vfma(k, b[c], acc[kHalf + i]);
-            }
+            // the same row kDecodePrefetch keys ahead, in the loop that reads K (a separate
+            // prefetch loop cost ~10% of the scores, and gcc may delete it as side-effect free)
+            if ((c0 + c) % kPfEvery == 0 && pf) __builtin_prefetch(kr + kDecodePrefetch * ldk + c * kLanes, 0, 3);
+            const V k = vload_kv(kr + c * kLanes);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) acc[r * KB + i] = vfma(k, q[r][c], acc[r * KB + i]);
           }
         }
-        const V s = vsum16(acc);
-        probe = vfma(s, zero, probe);
+      }
+      const V s = vsum16(acc);  // lane r * KB + i = row r, key kh + i
+      probe = vfma(s, zero, probe);
+      if constexpr (R == 1) {
+        vstore(sc + kh, s);
+      } else {
         vstore(t, s);
-        for (int i = 0; i < kHalf; ++i) {
-          sc[l * lds + kh + i] = i < nh ? t[i] : C(-INFINITY);
-          sc[(l + 1) * lds + kh + i] = i < nh ? t[kHalf + i] : C(-INFINITY);
+        if (nh == KB) {
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) std::memcpy(sc + r * lds + kh, t + r * KB, sizeof(C) * KB);
+        } else {
+          for (int r = 0; r < R; ++r)
+            for (int i = 0; i < nh; ++i) sc[r * lds + kh + i] = t[r * KB + i];
         }
       }
     }
   }
+  const int64_t jv = round_up(jn, kLanes);
+  for (int r = 0; r < R; ++r)
+    for (int64_t j = jn; j < jv; ++j) sc[r * lds + j] = C(-INFINITY);
 }
 
-// dec_scores_t with q's chunks in registers (all of them up to Dk = 128). Returns whether some
+// dec_block_t for R rows with q's chunks taken as many at a time as the registers allow.
+template <int R, class E, class C>
+static inline void dec_block(const E* kp, int64_t ldk, int64_t jn, int64_t nck, const C* qr, int64_t dkp, C* sc,
+                             int64_t lds, int64_t ahead, typename VecOf<C>::V& probe) {
+  constexpr int kMaxQ = R == 1 ? 8 : 8 / R;  // q registers: 8 of the 32 zmm
+  if constexpr (R == 1) {                    // one row: Dk = 64 and 128 with the stride known (contiguous K)
+    if (nck == 4 && ldk == 4 * kLanes)
+      return dec_block_t<R, 4, 4 * kLanes>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+    if (nck == 8 && ldk == 8 * kLanes)
+      return dec_block_t<R, 8, 8 * kLanes>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+  }
+  if constexpr (kMaxQ >= 8)
+    if (nck % 8 == 0) return dec_block_t<R, 8, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+  if constexpr (R == 1) {
+    if (nck == 6) return dec_block_t<R, 6, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+    if (nck == 3) return dec_block_t<R, 3, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+  }
+  if constexpr (kMaxQ >= 4)
+    if (nck % 4 == 0) return dec_block_t<R, 4, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+  if constexpr (kMaxQ >= 2)
+    if (nck % 2 == 0) return dec_block_t<R, 2, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+  dec_block_t<R, 1, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+}
+
+// Raw scores of rows [0, n) (n <= 8) against keys [0, jn): blocks of 4, 2 and 1 rows (a second
+// block re-reads the tile's K from L1; the prefetch runs with the first). Returns whether some
 // score is not finite.
 template <class E, class C>
 static inline bool dec_scores(const E* kp, int64_t ldk, int64_t jn, int64_t nck, const C* qr, int64_t dkp, int n, C* sc,
                               int64_t lds, int64_t ahead) {
   using V = typename VecOf<C>::V;
   V probe = vzero<V>();
-  const int n2 = n & ~1;
-  if (n2) {
-    if (nck <= 4 && nck != 3) switch (nck) {
-        case 1:
-          dec_pairs_t<1>(kp, ldk, jn, nck, qr, dkp, n2, sc, lds, ahead, probe);
-          break;
-        case 2:
-          dec_pairs_t<2>(kp, ldk, jn, nck, qr, dkp, n2, sc, lds, ahead, probe);
-          break;
-        default:
-          dec_pairs_t<4>(kp, ldk, jn, nck, qr, dkp, n2, sc, lds, ahead, probe);
-      }
-    else if (nck % 4 == 0)
-      dec_pairs_t<4>(kp, ldk, jn, nck, qr, dkp, n2, sc, lds, ahead, probe);
-    else
-      dec_pairs_t<1>(kp, ldk, jn, nck, qr, dkp, n2, sc, lds, ahead, probe);
+  for (int r = 0; r < n;) {
+    const int rem = n - r;
+    const C* q = qr + r * dkp;
+    C* s = sc + r * lds;
+    if (rem >= 4) {
+      dec_block<4>(kp, ldk, jn, nck, q, dkp, s, lds, ahead, probe);
+      r += 4;
+    } else if (rem >= 2) {
+      dec_block<2>(kp, ldk, jn, nck, q, dkp, s, lds, ahead, probe);
+      r += 2;
+    } else {
+      dec_block<1>(kp, ldk, jn, nck, q, dkp, s, lds, ahead, probe);
+      r += 1;
+    }
     ahead = 0;  // prefetched once
-  }
-  if (n2 == n) {
-    alignas(64) C pr[kLanes];
-    vstore(pr, probe);
-    bool bad = false;
-    for (int l = 0; l < kLanes; ++l) bad = bad || !(pr[l] == pr[l]);
-    return bad;
-  }
-  qr += n2 * dkp;
-  sc += n2 * lds;
-  n -= n2;
-  switch (nck) {
-    case 1:
-      dec_scores_t<1>(kp, ldk, jn, nck, qr, dkp, n, sc, lds, ahead, probe);
-      break;
-    case 2:
-      dec_scores_t<2>(kp, ldk, jn, nck, qr, dkp, n, sc, lds, ahead, probe);
-      break;
-    case 3:
-      dec_scores_t<3>(kp, ldk, jn, nck, qr, dkp, n, sc, lds, ahead, probe);
-      break;
-    case 4:
-      dec_scores_t<4>(kp, ldk, jn, nck, qr, dkp, n, sc, lds, ahead, probe);
-      break;
-    case 6:
-      dec_scores_t<6>(kp, ldk, jn, nck, qr, dkp, n, sc, lds, ahead, probe);
-      break;
-    case 8:
-      dec_scores_t<8>(kp, ldk, jn, nck, qr, dkp, n, sc, lds, ahead, probe);
-      break;
-    default:
-      if (nck % 4 == 0)
-        dec_scores_t<4>(kp, ldk, jn, nck, qr, dkp, n, sc, lds, ahead, probe);
-      else
-        dec_scores_t<1>(kp, ldk, jn, nck, qr, dkp, n, sc, lds, ahead, probe);
   }
   alignas(64) C pr[kLanes];
   vstore(pr, probe);
@@ -360,51 +324,82 @@ static inline void dec_softmax_plain(const Params& P, const LaneGroup& lg, int64
 }
 
 // tsum rows (ROWS of them) += P V over keys [0, jn) for Dv chunks [c0, c0 + NC): P[r * psl + j * psj].
+// With fewer than 8 accumulators (one row, Dv = 64) the FMA chains would wait on their latency
+// (4 cycles, 2 FMAs a cycle): even and odd keys then go to two accumulator sets, summed at the end.
+// pf: prefetch the same V lines kDecodePrefetch keys ahead (one per 64 bytes, in the loop that reads
+// V: no separate loop for the compiler to drop).
 template <class E, int ROWS, int NC, class C>
 static inline void pv_block(const E* vp, int64_t ldv, int64_t jn, const C* p, int64_t psl, int64_t psj, C* tsum,
-                            int64_t dvp, int64_t c0) {
+                            int64_t dvp, int64_t c0, bool pf) {
   using V = typename VecOf<C>::V;
-  V acc[ROWS][NC];
+  constexpr int KS = ROWS * NC < 8 ? 2 : 1;  // key sets
+  constexpr int kPfEvery = int(64 / (kLanes * sizeof(E))) < 1 ? 1 : int(64 / (kLanes * sizeof(E)));
+  V acc[KS][ROWS][NC];
 #pragma GCC unroll 8
   for (int r = 0; r < ROWS; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < NC; ++c) acc[r][c] = vload(tsum + r * dvp + (c0 + c) * kLanes);
-  for (int64_t j = 0; j < jn; ++j) {
-    V v[NC];
+    for (int c = 0; c < NC; ++c) {
+      acc[0][r][c] = vload(tsum + r * dvp + (c0 + c) * kLanes);
+      if constexpr (KS == 2) acc[KS - 1][r][c] = vzero<V>();
+    }
+  int64_t j = 0;
+  for (; j + KS <= jn; j += KS) {
+#pragma GCC unroll 2
+    for (int ks = 0; ks < KS; ++ks) {
+      const E* vr = vp + (j + ks) * ldv + c0 * kLanes;
+      V v[NC];
 #pragma GCC unroll 8
-    for (int c = 0; c < NC; ++c) v[c] = vload_kv(vp + j * ldv + (c0 + c) * kLanes);
+      for (int c = 0; c < NC; ++c) {
+        if ((c0 + c) % kPfEvery == 0 && pf) __builtin_prefetch(vr + kDecodePrefetch * ldv + c * kLanes, 0, 3);
+        v[c] = vload_kv(vr + c * kLanes);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < ROWS; ++r) {
+        const V pr = vset1<V>(p[r * psl + (j + ks) * psj]);
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; ++c) acc[ks][r][c] = vfma(pr, v[c], acc[ks][r][c]);
+      }
+    }
+  }
+  for (; j < jn; ++j) {  // an odd key left (KS = 2)
+    const E* vr = vp + j * ldv + c0 * kLanes;
 #pragma GCC unroll 8
     for (int r = 0; r < ROWS; ++r) {
       const V pr = vset1<V>(p[r * psl + j * psj]);
 #pragma GCC unroll 8
-      for (int c = 0; c < NC; ++c) acc[r][c] = vfma(pr, v[c], acc[r][c]);
+      for (int c = 0; c < NC; ++c) acc[0][r][c] = vfma(pr, vload_kv(vr + c * kLanes), acc[0][r][c]);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < ROWS; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < NC; ++c) vstore(tsum + r * dvp + (c0 + c) * kLanes, acc[r][c]);
+    for (int c = 0; c < NC; ++c) {
+      V x = acc[0][r][c];
+      if constexpr (KS == 2) x = vadd(x, acc[KS - 1][r][c]);
+      vstore(tsum + r * dvp + (c0 + c) * kLanes, x);
+    }
 }
 
 template <class E, int ROWS, class C>
 static inline void pv_rows(const E* vp, int64_t ldv, int64_t jn, const C* p, int64_t psl, int64_t psj, C* tsum,
-                           int64_t dvp) {
+                           int64_t dvp, bool pf) {
   // accumulators held in registers: 16 of the 32 zmm (AVX-512), the micro-kernel's count elsewhere
   constexpr int budget = VecOf<C>::NR >= 12 ? 16 : VecOf<C>::NR;
   constexpr int per = budget / ROWS;
   const int64_t ncv = dvp / kLanes;
   int64_t c0 = 0;
   if constexpr (per >= 8)
-    for (; c0 + 8 <= ncv; c0 += 8) pv_block<E, ROWS, 8>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0);
+    for (; c0 + 8 <= ncv; c0 += 8) pv_block<E, ROWS, 8>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf);
   if constexpr (per >= 4)
-    for (; c0 + 4 <= ncv; c0 += 4) pv_block<E, ROWS, 4>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0);
+    for (; c0 + 4 <= ncv; c0 += 4) pv_block<E, ROWS, 4>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf);
   if constexpr (per >= 2)
-    for (; c0 + 2 <= ncv; c0 += 2) pv_block<E, ROWS, 2>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0);
-  for (; c0 < ncv; ++c0) pv_block<E, ROWS, 1>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0);
+    for (; c0 + 2 <= ncv; c0 += 2) pv_block<E, ROWS, 2>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf);
+  for (; c0 < ncv; ++c0) pv_block<E, ROWS, 1>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf);
 }
 
 // O rows = O rows alpha + P V over the tile's keys: the tile summed from zero in tsum (in passes
-// of kPvKeys keys, V prefetched ahead), then added compensated per row (microkernel.hpp).
+// of kPvKeys keys, V prefetched ahead by the first row block), then added compensated per row
+// (microkernel.hpp).
 template <class E, class C>
 static inline void dec_pv(const E* vp, int64_t ldv, int64_t jn, const C* p, int64_t psl, int64_t psj, int n, C* tsum,
                           C* orow, C* oc, int64_t dvp, const C* alpha, int64_t ahead) {
@@ -413,20 +408,21 @@ static inline void dec_pv(const E* vp, int64_t ldv, int64_t jn, const C* p, int6
   for (int64_t j0 = 0; j0 < jn; j0 += kPvKeys) {
     const int64_t nj = imin(kPvKeys, jn - j0);
     const E* vb = vp + j0 * ldv;
-    if (ahead > j0) prefetch_rows(vb + kDecodePrefetch * ldv, ldv, imin(nj, ahead - j0), dvp);
+    bool pf = ahead > j0 + nj - 1;  // every key of the pass has its key kDecodePrefetch ahead in range
     const C* pb = p + j0 * psj;
     for (int r = 0; r < n;) {
       const int rem = n - r;
       if (rem >= 4) {
-        pv_rows<E, 4>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp);
+        pv_rows<E, 4>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp, pf);
         r += 4;
       } else if (rem >= 2) {
-        pv_rows<E, 2>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp);
+        pv_rows<E, 2>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp, pf);
         r += 2;
       } else {
-        pv_rows<E, 1>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp);
+        pv_rows<E, 1>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp, pf);
         r += 1;
       }
+      pf = false;  // prefetched once
     }
   }
   for (int r = 0; r < n; ++r) {
