@@ -639,6 +639,11 @@ int main() {
       {"decode, 1 query, GQA 8/2", bf, 1, 8, 2, 1, 300, 64, 64, NONE, 2, {}},
       {"decode, 5 queries, causal, alibi", f16, 2, 8, 2, 5, 257, 64, 64, CAUSAL, 2, {mod(MOD_ALIBI, 0)}},
       {"decode, split keys", f32, 1, 4, 1, 1, 1100, 32, 32, NONE, 2, {}},
+      // the thin path's score blocks (decode.hpp): 1 row at Dk 128 (known stride), 3 rows (2 + 1),
+      // 7 rows (4 + 2 + 1); key counts ending mid-fold
+      {"decode, 1 row, Dk 128", f32, 1, 1, 1, 1, 1031, 128, 128, NONE, 2, {}},
+      {"decode, 3 rows", bf, 1, 3, 1, 1, 262, 64, 64, NONE, 1, {}},
+      {"decode, 7 rows", f16, 1, 7, 1, 1, 131, 96, 48, NONE, 2, {}},
       {"decode, split keys, window", f64, 1, 2, 1, 3, 1100, 16, 16, WINDOW, 2, {}, false, false, false, 700},
       {"decode, tiles + bitmaps", f32, 1, 4, 4, 16, 300, 64, 64, TILES, 2, {mod(MOD_MUL, 1.5)}},
       {"dropout 0.25, causal", f32, 1, 2, 1, 80, 80, 32, 32, CAUSAL, 2, {}, false, false, false, 0, 0.25},
