@@ -57,10 +57,10 @@ def lean_attention(q: Any, k: Any, v: Any, causal: bool, scale: Any) -> Result |
         mask_plan = masks.plan(masks.causal(), nq, nk, (b, h), *native.tile_shape(nq, nk, dk, dv, "float32"))
         if not mask_plan.hides_nothing:
             rows = mask_plan.rows
-    import torch
-
-    out = torch.empty((b, h, nq, dv), dtype=q.dtype)
-    lse = torch.empty((b, h, nq), dtype=lse_dtype)
+    # new_empty with the sizes as arguments: a third cheaper than torch.empty(shape, dtype=) (~0.7 us
+    # against ~1.1 a tensor, most of it torch's keyword parsing), which a decode step notices
+    out = q.new_empty(b, h, nq, dv)
+    lse = q.new_empty(b, h, nq) if lse_dtype is q.dtype else q.new_empty((b, h, nq), dtype=lse_dtype)
     nonfinite, overflowed = native.forward_tensors(q, k, v, out, lse, scale, threads(), rows)
     if overflowed:
         return None  # the full path runs it again and raises the contract's error
