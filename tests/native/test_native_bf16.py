@@ -256,6 +256,18 @@ def _both_paths(q, k, v, **kw):
     return res
 
 
+def _rows_match_oracle_on_both_paths(q, k, v, rows):
+    """Both paths within the contract of the float64 oracle under these row intervals, nothing
+    reported non-finite, and agreeing with each other."""
+    (_, h, nq, _), nk = q.shape, k.shape[2]
+    res = _both_paths(q, k, v, rows=rows)
+    gold, gl = oracle(q, k, v, allowed=dense_allowed(1, h, nq, nk, 1, 1, rows=rows))
+    for out, lse, counts in res.values():
+        assert counts == (0, 0)
+        assert_within_contract(out, lse, gold, gl, v)
+    assert_paths_agree(res[BF16_PATH][0], res["avx512"][0], v)
+
+
 @needs_bf16
 @pytest.mark.parametrize("kind", ["causal", "window", "random"])
 @pytest.mark.parametrize("h,hkv", HEADS, ids=lambda x: str(x))
@@ -263,13 +275,7 @@ def _both_paths(q, k, v, **kw):
 def test_spans_at_tile_edges_match_the_oracle_and_avx512(rng, nq, nk, h, hkv, kind):
     q, k, v = bf16(rng, (1, h, nq, 19), 1.5), bf16(rng, (1, hkv, nk, 19), 1.5), bf16(rng, (1, hkv, nk, 23))
     rows = _spans_rows(rng, h, nq, nk, kind)
-    res = _both_paths(q, k, v, rows=rows)
-    allowed = dense_allowed(1, h, nq, nk, 1, 1, rows=rows)
-    gold, gl = oracle(q, k, v, allowed=allowed)
-    for out, lse, counts in res.values():
-        assert counts == (0, 0)
-        assert_within_contract(out, lse, gold, gl, v)
-    assert_paths_agree(res[BF16_PATH][0], res["avx512"][0], v)
+    _rows_match_oracle_on_both_paths(q, k, v, rows)
 
 
 @needs_bf16
@@ -279,11 +285,7 @@ def test_gqa_causal_long_rows(rng, dk, dv):
     h, hkv, nq, nk = 8, 2, 200, 333
     q, k, v = bf16(rng, (1, h, nq, dk)), bf16(rng, (1, hkv, nk, dk)), bf16(rng, (1, hkv, nk, dv), 2.0)
     rows = _spans_rows(rng, h, nq, nk, "causal")
-    res = _both_paths(q, k, v, rows=rows)
-    gold, gl = oracle(q, k, v, allowed=dense_allowed(1, h, nq, nk, 1, 1, rows=rows))
-    for out, lse, _ in res.values():
-        assert_within_contract(out, lse, gold, gl, v)
-    assert_paths_agree(res[BF16_PATH][0], res["avx512"][0], v)
+    _rows_match_oracle_on_both_paths(q, k, v, rows)
 
 
 @needs_bf16
@@ -294,11 +296,7 @@ def test_decode_rows_with_windows(rng, nq):
     p = np.arange(nq) + nk - nq
     rows = np.broadcast_to(np.stack([p - 300, p + 1], -1).astype(np.int32), (1, h, nq, 2)).copy()
     rows[0, 1::3, :, 0] += 7  # odd starts on some heads
-    res = _both_paths(q, k, v, rows=rows)
-    gold, gl = oracle(q, k, v, allowed=dense_allowed(1, h, nq, nk, 1, 1, rows=rows))
-    for out, lse, _ in res.values():
-        assert_within_contract(out, lse, gold, gl, v)
-    assert_paths_agree(res[BF16_PATH][0], res["avx512"][0], v)
+    _rows_match_oracle_on_both_paths(q, k, v, rows)
 
 
 @needs_bf16
