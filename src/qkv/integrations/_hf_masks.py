@@ -62,13 +62,16 @@ def _refuse_sum(func: Any, args: Any) -> None:
 class Structure(NamedTuple):
     """What a lazy mask tensor stands for: ``mask`` (a qkv ``Mask``, bottom-right aligned, batch
     axis from the padding lengths; None: every key), ``window`` (the sliding window or None),
-    ``padded`` (whether some sequence is left-padded) and ``chunk`` (chunked attention's size or
-    None)."""
+    ``padded`` (whether some sequence is left-padded), ``chunk`` (chunked attention's size or
+    None) and ``keys``: None when ``mask`` covers all ``Lk`` keys, else the count of the first
+    keys it covers, every later key being hidden from every query (a static cache's slots after
+    the queries' positions, not yet written); qkv then reads only those ``keys`` keys."""
 
     mask: Mask | None
     window: int | None
     padded: bool
     chunk: int | None = None
+    keys: int | None = None
 
 
 _DEFINED: list[type] = []
@@ -88,6 +91,7 @@ def _lazy_type() -> type:
         dense values, so any code reads exactly what ``sdpa_mask`` would have given."""
 
         structure: Structure | None
+        written: Structure | None
         _build: Callable[[], Any] | None
         _dense: Any
 
@@ -96,7 +100,11 @@ def _lazy_type() -> type:
             cls, structure: Structure | None, shape: tuple[int, ...], build: Callable[[], Any], device: Any
         ) -> Any:
             t = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.bool, device=device)
-            t.structure, t._build, t._dense = structure, build, None
+            t._build, t._dense = build, None
+            # a structure over a static cache's written keys changes with every step: kept where
+            # traced code never looks (a compiled forward would guard on it and recompile per step)
+            written = structure is not None and structure.keys is not None
+            t.structure, t.written = (None, structure) if written else (structure, None)
             return t
 
         __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
@@ -114,7 +122,7 @@ def _lazy_type() -> type:
             return func(*args, **kwargs)
 
         def __repr__(self) -> str:  # type: ignore[override]
-            s = self.structure
+            s = self.structure or self.written
             name = "dense" if s is None else "every key" if s.mask is None else s.mask.name
             return f"LazyMask({name}, shape={tuple(self.shape)})"
 
@@ -130,8 +138,11 @@ def lazy(structure: Structure | None, shape: tuple[int, int, int, int], build: C
 
 def structure_of(mask: Any) -> Structure | None:
     """The ``Structure`` a lazy mask tensor carries; None for anything else (a plain tensor, a
-    slice of a lazy mask, None)."""
+    slice of a lazy mask, None) and, while torch traces, for a structure over a static cache's
+    written keys (``Structure.keys``; the traced program reads the mask's values instead)."""
     s = getattr(mask, "structure", None)
+    if s is None and not masks.compiling():
+        s = getattr(mask, "written", None)
     return s if isinstance(s, Structure) else None
 
 
@@ -187,31 +198,45 @@ def _left_padding_lengths(attention_mask: Any, kv_offset: int, kv_length: int) -
     return True, [int(n) for n in real.sum(-1).tolist()]
 
 
+def offset_of(q_offset: Any) -> Any:
+    """``q_offset`` as an int where it is a one-element integer tensor (a static cache's position,
+    which the cache later changes in place), else as it is."""
+    if getattr(q_offset, "ndim", None) is not None and q_offset.numel() == 1 and not q_offset.is_floating_point():
+        return int(q_offset)
+    return q_offset
+
+
 def structured(
     mask_function: Any, q_length: int, kv_length: int, q_offset: Any, kv_offset: Any, attention_mask: Any
 ) -> Structure | None:
     """The ``Structure`` of the mask transformers asks qkv's mask function for, None where the
     dense mask must be built instead.
 
-    Only for queries that are the last ``Lq`` of the ``Lk`` keys (``q_offset + Lq == kv_offset +
-    Lk``: a prefill, a decode step against a dynamic or sliding cache), where qkv's bottom-right
-    alignment is the model's; a static cache with unused slots takes the dense path.
+    Only for queries that are the last ``Lq`` of the first ``keys = q_offset + Lq - kv_offset``
+    keys, where qkv's bottom-right alignment over those keys is the model's: ``keys == Lk`` for a
+    prefill or a decode step against a dynamic or sliding cache; ``keys < Lk`` for a static cache
+    (``q_offset`` an int or a one-element tensor), whose slots after the queries' positions every
+    causal mask hides from every query (``Structure.keys``).
     """
     from transformers.masking_utils import bidirectional_mask_function
 
-    if not (isinstance(q_offset, int) and isinstance(kv_offset, int)) or q_offset + q_length != kv_offset + kv_length:
+    if not (isinstance(q_offset, int) and isinstance(kv_offset, int)):
         return None
-    if mask_function is bidirectional_mask_function:
+    keys = q_offset + q_length - kv_offset
+    if not 0 < keys <= kv_length:
+        return None
+    if mask_function is bidirectional_mask_function:  # every key visible: no hidden tail
         known, lengths = _left_padding_lengths(attention_mask, kv_offset, kv_length)
-        return Structure(None, None, False) if known and lengths is None else None
+        return Structure(None, None, False) if keys == kv_length and known and lengths is None else None
     known, window, chunk = _pattern(mask_function)
     if not known:
         return None
-    known, lengths = _left_padding_lengths(attention_mask, kv_offset, kv_length)
+    known, lengths = _left_padding_lengths(attention_mask, kv_offset, keys)
     if not known:
         return None
+    tail = None if keys == kv_length else keys  # keys from `keys` on: after every query, hidden by causality
     if chunk is not None:  # chunks counted from key 0: the keys must start at position 0, unpadded
-        return Structure(masks.chunked(chunk), None, False, chunk) if lengths is None and kv_offset == 0 else None
+        return Structure(masks.chunked(chunk), None, False, chunk, tail) if lengths is None and kv_offset == 0 else None
     if lengths is not None:
-        return Structure(masks.padding(lengths, causal=True, window=window, left=True), window, True)
-    return Structure(masks.causal() if window is None else masks.sliding_window(window), window, False)
+        return Structure(masks.padding(lengths, causal=True, window=window, left=True), window, True, None, tail)
+    return Structure(masks.causal() if window is None else masks.sliding_window(window), window, False, None, tail)

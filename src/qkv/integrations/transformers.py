@@ -28,7 +28,7 @@ from typing import Any
 from .._checks import check_impl
 from .._impls import lean_attention
 from ..errors import ArgumentError, MaskError
-from ._hf_masks import lazy, plain, structure_of, structured
+from ._hf_masks import lazy, offset_of, plain, structure_of, structured
 from ._hf_models import QKV_NAMES, install_guard, refuse_config
 from ._hf_models import check_model as check_model
 from ._hf_models import supported_backends as supported_backends
@@ -174,6 +174,10 @@ def forward(
         )
     want_weights = _weights_requested(module, kwargs)
     structure = structure_of(attention_mask)
+    nk = key.shape[-2]
+    if structure is not None and structure.keys is not None and structure.keys < nk:
+        # a static cache: the slots after the queries' positions are hidden from every query, never read
+        key, value = key[..., : structure.keys, :], value[..., : structure.keys, :]
     if (
         query.shape[-2] == 1
         and all(kwargs.get(name) is None for name in HONOURED)
@@ -208,6 +212,10 @@ def forward(
         sinks=kwargs.get("s_aux"),
     )
     out, weights = res if want_weights else (res, None)
+    if weights is not None and weights.shape[-1] < nk:  # the unread slots' weights: zero
+        import torch
+
+        weights = torch.nn.functional.pad(weights, (0, nk - weights.shape[-1]))
     return out.transpose(1, 2).contiguous(), weights
 
 
@@ -237,13 +245,15 @@ def layer_mask(attention_mask: Any, nk: int, is_causal: bool | None = None) -> t
     """``(mask, causal)`` for ``qkv.attention``: the one rule by which the backend (``forward``) and
     ``qkv.inspect`` read the mask a transformers layer is handed for ``nk`` keys.
 
-    A lazy mask tensor from qkv's mask function gives its qkv ``Mask`` (None: every key); another
-    4-D tensor gives a boolean mask or float bias (``_qkv_mask``); None gives no mask, causal only
-    when the model passed ``is_causal=True`` -- eager attention applies no mask it was not given,
-    and qkv's mask function always gives one, so qkv never infers causality from the module.
+    A lazy mask tensor from qkv's mask function gives its qkv ``Mask`` (None: every key) when that
+    covers the ``nk`` keys (a structure over the first ``keys`` of a static cache: when ``nk`` is
+    that count, ``forward`` having left the rest unread); another 4-D tensor (or a lazy mask read
+    over other keys) gives a boolean mask or float bias (``_qkv_mask``); None gives no mask, causal
+    only when the model passed ``is_causal=True`` -- eager attention applies no mask it was not
+    given, and qkv's mask function always gives one, so qkv never infers causality from the module.
     """
     structure = structure_of(attention_mask)
-    if structure is not None:
+    if structure is not None and (structure.keys is None or structure.keys == nk):
         return structure.mask, False
     if attention_mask is None:
         return None, is_causal is True
@@ -306,6 +316,8 @@ def mask_function(
     refuse_config(kwargs.get("config"))  # a model that would misread this mask never gets one
     mask_function = mask_function or causal_mask_function
     kwargs.pop("allow_is_bidirectional_skip", None)  # sdpa_mask's default: off
+    if not masks.compiling():  # a static cache's position: read now, the cache moves it in place later
+        q_offset = offset_of(q_offset)
     structure = (
         None
         if masks.compiling()
@@ -325,11 +337,14 @@ def mask_function(
             **kwargs,
         )
 
-    if structure is None:  # built now: its inputs (a tensor q_offset, the padding) may change in place later
+    if structure is None or structure.keys is not None:
+        # built now: its inputs (a tensor q_offset, the padding) may change in place later, and a
+        # static cache's step may be compiled (generate builds its mask outside the traced forward,
+        # which then reads these values)
         values = dense()
         if masks.compiling():  # the traced program takes a plain tensor
             return values
-        return lazy(None, tuple(values.shape), lambda: values, values.device)
+        return lazy(structure, tuple(values.shape), lambda: values, values.device)
     # only ints and a copy of the padding reach the lazy build: nothing a caller changes in place later
     padding = None if attention_mask is None else attention_mask.clone()
     device = kwargs.get("device", "cpu" if attention_mask is None else attention_mask.device)
