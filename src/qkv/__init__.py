@@ -1,9 +1,10 @@
 """qkv: the attention mechanism, exact and easy to see into.
 
 ``softmax(Q Kᵀ / √d_k) V`` over NumPy and PyTorch arrays, with composable masks
-(``qkv.masks``), score mods (``qkv.scores``), the analytic backward pass and a step-by-step
-``explain`` trace, and ``inspect`` to look inside a real transformers model. ``import qkv``
-never imports torch (nor transformers: ``qkv.inspect`` imports them when it runs).
+(``qkv.masks``), score mods (``qkv.scores``), the analytic backward pass, keys and values
+stored in 8 bits (``quantize``), a step-by-step ``explain`` trace, and ``inspect`` to look
+inside a real transformers model. ``import qkv`` never imports torch (nor transformers:
+``qkv.inspect`` imports them when it runs).
 """
 
 import importlib
@@ -22,6 +23,9 @@ from ._core import dispatch as dispatch
 from ._explain import Trace as Trace
 from ._explain import explain as explain
 from ._hopfield import hopfield as hopfield
+from ._quant import Quantized as Quantized
+from ._quant import dequantize as dequantize
+from ._quant import quantize as quantize
 from ._softmax import logsumexp as logsumexp
 from ._softmax import merge_attention as merge_attention
 from ._softmax import softmax as softmax
@@ -43,11 +47,13 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Inspection",
+    "Quantized",
     "Trace",
     "approx",
     "attention",
     "attention_backward",
     "complexity",
+    "dequantize",
     "diagnostics",
     "dispatch",
     "errors",
@@ -58,6 +64,7 @@ __all__ = [
     "masks",
     "merge_attention",
     "positional",
+    "quantize",
     "scores",
     "softmax",
 ]
