@@ -125,18 +125,20 @@ def check_heads(h: int, hkv: int, shapes: str = "") -> None:
         )
 
 
-def check_qkv(q: Array, k: Array, v: Array) -> Dims:
+def check_qkv(q: Array, k: Array, v: Array, *, quantized: bool = False) -> Dims:
     """Validate ``q (*B, H, Nq, Dk)``, ``k (*B, Hkv, Nk, Dk)``, ``v (*B, Hkv, Nk, Dv)``.
 
     Leading axes broadcast; ``H % Hkv == 0`` (or ``H == 1``, a query broadcast over the kv heads).
+    ``quantized``: ``k`` and ``v`` are the 8-bit values of a ``Quantized`` cache (their dtypes
+    are the format's, checked there), so only ``q`` must be floating point.
     """
     shapes = _shapes(q=q, k=k, v=v)
     for name, a in (("q", q), ("k", k), ("v", v)):
         if a.ndim < 2:
             raise ShapeError(f"{name} has {a.ndim} axes but needs at least 2, (..., N, D) ({shapes})")
-        if not is_floating(a):
+        if not is_floating(a) and not (quantized and name != "q"):
             raise DTypeError(f"{name} has dtype {dtype_name(a)}; attention needs floating-point inputs ({shapes})")
-    dtypes = {dtype_name(a) for a in (q, k, v)}
+    dtypes = {dtype_name(a) for a in ((q,) if quantized else (q, k, v))}
     if len(dtypes) > 1:
         raise DTypeError(
             f"q, k, v have different dtypes (q: {dtype_name(q)}, k: {dtype_name(k)}, v: {dtype_name(v)}); "

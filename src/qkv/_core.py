@@ -24,6 +24,7 @@ from ._impls import (
     plan,
     with_autograd,
 )
+from ._quant import Quantized
 from ._softmax import empty_result, with_sinks
 from ._typing import Array, Result
 from .errors import ArgumentError, ShapeError
@@ -85,10 +86,11 @@ def run(c: Call, impl: str = "auto") -> Result:
 def dispatch(q: Array, k: Array, v: Array, *, impl: str = "auto", **attention_kwargs: Any) -> Dispatch:
     """What ``qkv.attention(q, k, v, impl=impl, **attention_kwargs)`` would run, without running it.
 
-    Returns ``Dispatch(impl, engine, reason, tiles, threads)``: ``impl`` is ``"reference"``,
-    ``"flash"`` or ``"torch"``; ``engine`` says how flash runs (``"native"``, the compiled tile
-    loop, or ``"array"``; None for the others); ``reason`` is one sentence; ``tiles``
-    ``(block_q, block_k)`` and ``threads`` are the compiled engine's (None otherwise). It is the
+    Returns ``Dispatch(impl, engine, reason, tiles, threads, kv_format)``: ``impl`` is
+    ``"reference"``, ``"flash"`` or ``"torch"``; ``engine`` says how flash runs (``"native"``, the
+    compiled tile loop, or ``"array"``; None for the others); ``reason`` is one sentence; ``tiles``
+    ``(block_q, block_k)`` and ``threads`` are the compiled engine's (None otherwise);
+    ``kv_format`` names the format of a quantized ``k``/``v`` (None for float ones). It is the
     very plan ``attention`` makes and runs: read from shapes, dtypes, the device and the mask's
     structure, never from the arrays' values. The arguments are checked exactly as
     ``attention`` checks them (same errors); a named ``impl`` that cannot run the call raises
@@ -164,6 +166,12 @@ def attention(
     Leading axes broadcast; ``H % Hkv == 0`` (grouped / multi-query heads, each kv head
     serving ``H // Hkv`` consecutive query heads). NumPy in -> NumPy out, torch in -> torch
     out (same dtype and device); half precision accumulates in float32.
+
+    - ``k`` and ``v`` may be a quantized cache, both ``qkv.Quantized`` of one format
+      (``qkv.quantize(k, "int8")``): the result is attention over the dequantized values
+      ``values · scales``; the compiled kernel reads the 8-bit values in place where it can, the
+      other engines dequantize them to ``q``'s dtype first (``qkv.dispatch`` says which). A torch
+      ``q`` that requires grad gets its gradient; the cache gets none.
 
     - ``mask``: boolean array (True = may attend), float array (added to the scores) or a
       ``qkv.masks.Mask``; broadcasts to ``(*B, H, Nq, Nk)``. ``causal=True`` adds
@@ -277,6 +285,12 @@ def attention_backward(
         dV = Aᵀ dO    dA = dO Vᵀ    dS = A ∘ (dA − rowsum(dO ∘ O))
         dQ = dS K · scale           dK = dSᵀ Q · scale
     """
+    if isinstance(k, Quantized) or isinstance(v, Quantized):
+        raise ArgumentError(
+            "attention_backward takes float k and v: a quantized cache (qkv.Quantized) is inference state, and "
+            "its gradient would be one with respect to the dequantized values; pass qkv.dequantize(k), "
+            "qkv.dequantize(v) if that is what you want"
+        )
     c = build_call(q, k, v, mask=mask, causal=causal, scale=scale, score_mod=score_mod, bias=bias, sinks=sinks)
     return run_backward(c, dout, out, lse, impl)
 

@@ -22,6 +22,7 @@ from .._checks import (
     check_scale,
     check_seed,
 )
+from .._quant import Quantized, dequantize
 from .._typing import Array, Dims
 from ..errors import ArgumentError, DTypeError, MaskError, ShapeError
 from ..masks import Mask
@@ -39,7 +40,9 @@ class Call(NamedTuple):
     tile sizes (None: the kernel chooses); ``sinks`` one extra logit per head ``(*B, H, 1)`` that
     joins every row's softmax denominator and carries no value (gpt-oss attention sinks);
     ``engine`` forces the flash kernel's engine (``"native"`` or ``"array"``; None: the compiled
-    one whenever it supports the call; given ``tiles`` are the array engine's)."""
+    one whenever it supports the call; given ``tiles`` are the array engine's); ``kv`` a quantized
+    cache (``QuantizedKV``: ``k`` and ``v`` are then its 8-bit values, until the plan either hands
+    them to the compiled kernel or dequantizes them, ``dequantized``)."""
 
     q: Array
     k: Array
@@ -56,6 +59,48 @@ class Call(NamedTuple):
     tiles: tuple[int, int] | None = None
     sinks: Array | None = None
     engine: str | None = None
+    kv: "QuantizedKV | None" = None
+
+
+class QuantizedKV(NamedTuple):
+    """``k`` and ``v`` as the caller passed them, two ``qkv.Quantized`` of one ``format``."""
+
+    format: str
+    k: Quantized
+    v: Quantized
+
+
+def _described(x: Any) -> str:
+    if isinstance(x, Quantized):
+        return f"a qkv.Quantized ({x.format})"
+    return f"{type(x).__name__} of dtype {str(getattr(x, 'dtype', '?')).removeprefix('torch.')}"
+
+
+def split_quantized(k: Any, v: Any) -> tuple[Any, Any, QuantizedKV | None]:
+    """``(k, v, None)`` for float keys and values; for a quantized cache ``(k.values, v.values,
+    QuantizedKV)``. Both or neither must be ``Quantized``, in one format."""
+    kq, vq = isinstance(k, Quantized), isinstance(v, Quantized)
+    if not (kq or vq):
+        return k, v, None
+    if kq != vq:
+        raise DTypeError(
+            f"k and v must both be qkv.Quantized (a quantized cache) or neither: k is {_described(k)}, "
+            f"v is {_described(v)}"
+        )
+    if k.format != v.format:
+        raise DTypeError(
+            f"k and v are quantized in different formats (k: {k.format}, v: {v.format}); quantize both to one"
+        )
+    return k.values, v.values, QuantizedKV(k.format, k, v)
+
+
+def dequantized(c: Call) -> Call:
+    """``c`` with its quantized cache as float ``k`` and ``v`` in ``q``'s dtype: how every engine
+    but the compiled kernel reads it (the result is exact with respect to those values)."""
+    if c.kv is None:
+        return c
+    dtype = c.q.dtype
+    return c._replace(k=dequantize(c.kv.k, dtype), v=dequantize(c.kv.v, dtype), kv=None)
 
 
 def split_mask(mask: Any, causal: bool) -> tuple[Mask | None, Array | None]:
@@ -180,13 +225,16 @@ def build_call(
     classified analytically and that hides nothing for this call (e.g. ``causal`` for one query
     against a cache) is dropped: the impls then run the unmasked path.
     """
+    k, v, kv = split_quantized(k, v)
     q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
     arrays = {"q": q, "k": k, "v": v}
+    if kv is not None:
+        arrays.update(k_scales=kv.k.scales, v_scales=kv.v.scales)
     for name, x in (("mask", mask), ("bias", bias), ("sinks", sinks)):
         if x is not None and not isinstance(x, Mask) and hasattr(x, "shape"):
             arrays[name] = x
     namespace(**arrays)  # mixed NumPy / torch -> DTypeError (a TypeError)
-    dims = check_qkv(q, k, v)
+    dims = check_qkv(q, k, v, quantized=kv is not None)
     m, mask_bias = split_mask(mask, causal)
     bias = check_bias(bias, mask_bias)
     if m is not None:
@@ -213,4 +261,5 @@ def build_call(
         _tiles(tiles),
         check_sinks(sinks, dims.score_shape[:-2] if dims.has_heads else (), q),
         None if engine is None else check_choice(engine, "engine", ENGINES),
+        kv,
     )

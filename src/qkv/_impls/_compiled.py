@@ -17,11 +17,12 @@ from .. import _native as native
 from .. import masks
 from .._backend import is_floating, namespace
 from .._checks import check_dropout, check_flag, check_qkv, check_scale, check_seed
+from .._quant import dequantize
 from .._softmax import with_sinks
 from .._typing import Result
 from ..masks import Mask
 from ..scores import ScoreMod
-from ._call import aligned_mod, as_2d, check_bias, check_sinks
+from ._call import aligned_mod, as_2d, check_bias, check_sinks, split_quantized
 
 
 def _mask_recipe(mask: Any, causal: bool, torch: Any) -> tuple[Any, Any] | None:
@@ -86,6 +87,9 @@ def compiled_attention(
 
     from . import _torch_op
 
+    k, v, kv = split_quantized(k, v)
+    if kv is not None:  # a quantized cache: dequantized inside the graph (the operator takes float K/V)
+        k, v = dequantize(kv.k, q.dtype), dequantize(kv.v, q.dtype)
     if not native.available() or want_weights or not all(isinstance(x, torch.Tensor) for x in (q, k, v)):
         return None
     if q.device.type != "cpu" or q.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):

@@ -45,7 +45,7 @@ from .._backend import HALF, dtype_name, is_jax, is_torch, is_traced
 from .._checks import check_impl
 from ..errors import ArgumentError
 from . import flash, torch_sdpa
-from ._call import Call
+from ._call import Call, dequantized
 
 SMALL = 256 * 256
 """Below this many score entries per head the reference impl beats the array engine's tiles
@@ -69,20 +69,26 @@ NATIVE_DTYPES = ("float32", "float64", "float16", "bfloat16")
 class Dispatch(NamedTuple):
     """What runs a call (``qkv.dispatch``): ``impl`` (``"reference"``, ``"flash"`` or ``"torch"``),
     for flash its ``engine`` (``"native"``: the compiled tile loop; ``"array"``: array-API code;
-    None for the others), the ``reason`` (one sentence), and for the compiled engine the
-    ``tiles`` ``(block_q, block_k)`` and the worker ``threads`` it uses (None otherwise)."""
+    None for the others), the ``reason`` (one sentence), for the compiled engine the ``tiles``
+    ``(block_q, block_k)`` and the worker ``threads`` it uses (None otherwise), and the format of
+    a quantized K/V cache (``kv_format``: ``"int8"``, ``"float8_e4m3fn"``, ``"float8_e5m2"``;
+    None when ``k`` and ``v`` are float arrays); the reason says whether it is read in place or
+    dequantized first."""
 
     impl: str
     engine: str | None
     reason: str
     tiles: tuple[int, int] | None = None
     threads: int | None = None
+    kv_format: str | None = None
 
 
 class Plan(NamedTuple):
     """A decided call: ``call`` (its mask dropped where the mask hides nothing here), the
     ``impl`` and ``engine`` that run it, the ``reason``, the flash ``tiles`` and ``threads``, and
-    the mask's plan for those tiles (``masks.BlockPlan``; None without a mask or off flash)."""
+    the mask's plan for those tiles (``masks.BlockPlan``; None without a mask or off flash), and
+    the format of the quantized cache the caller passed (``kv_format``; ``call.kv`` is None once
+    it has been dequantized for an engine other than the compiled kernel)."""
 
     call: Call
     impl: str
@@ -91,6 +97,7 @@ class Plan(NamedTuple):
     tiles: tuple[int, int] | None = None
     threads: int | None = None
     mask: masks.BlockPlan | None = None
+    kv_format: str | None = None
 
     def report(self) -> Dispatch:
         native_run = self.engine == "native"
@@ -100,6 +107,7 @@ class Plan(NamedTuple):
             self.reason,
             self.tiles if native_run else None,
             self.threads if native_run else None,
+            self.kv_format,
         )
 
 
@@ -149,7 +157,23 @@ def native_reason(c: Call) -> str | None:
         return f"score_mod {c.score_mod.name} has no compiled form"
     if c.bias is not None and getattr(c.bias, "requires_grad", False):
         return "a bias that needs its gradient goes through the array engine"
+    if c.kv is not None:
+        return _kv_reason(c)
     return None
+
+
+def _kv_reason(c: Call) -> str | None:
+    """Why the compiled kernel cannot read ``c``'s quantized cache in place (None: it can)."""
+    assert c.kv is not None
+    if getattr(c.q, "requires_grad", False):
+        return "q needs its gradient, which the compiled kernel's backward does not give against a quantized cache"
+    return _unread(c.kv.format, c.dims.nq, dtype_name(c.q))
+
+
+def _unread(fmt: str, nq: int, dtype: str) -> str | None:
+    """Why the compiled kernel does not read K/V stored as ``fmt`` for ``nq`` queries in ``dtype``
+    (None: it reads them)."""
+    return f"the compiled kernel does not read K/V stored as {fmt}"
 
 
 def _engine(c: Call) -> tuple[str, str | None]:
@@ -227,7 +251,10 @@ def plan(impl: str, c: Call) -> Plan:
     """
     check_impl(impl)
     c = _dropped_if_hiding_nothing(c)
+    fmt = None if c.kv is None else c.kv.format
     engine, engine_why = _engine(c) if impl in ("auto", "flash") else ("array", None)
+    if engine != "native":  # every engine but the compiled kernel reads the cache dequantized
+        c = dequantized(c)
     if impl == "auto":
         name, reason = _auto(c, engine == "native")
     else:
@@ -236,22 +263,30 @@ def plan(impl: str, c: Call) -> Plan:
             raise ArgumentError(f"impl={impl!r} cannot run this call exactly: {why}; use impl='auto' or 'reference'")
         name, reason = impl, f"impl={impl!r} was asked for"
     if name != "flash":
-        return Plan(c, name, None, reason)
+        if fmt is not None:
+            c, reason = dequantized(c), _joined(reason, f"the {fmt} K/V dequantized to q's dtype first")
+        return Plan(c, name, None, reason, kv_format=fmt)
     d = c.dims
     if engine == "native" and d.nq * d.nk == 0:  # nothing to attend: qkv.attention answers without a kernel
-        return Plan(c, "flash", "native", reason, None, threads())
+        return Plan(c, "flash", "native", reason, None, threads(), kv_format=fmt)
     if engine == "native":
         tiles = native.tile_shape(d.nq, d.nk, d.dk, d.dv, dtype_name(c.q))
         lead = d.score_shape[:-2] if d.has_heads else ()
         mask_plan = None if c.mask is None else masks.plan(c.mask, d.nq, d.nk, lead, *tiles)
-        return Plan(c, "flash", "native", reason, tiles, threads(), mask_plan)
+        if fmt is not None:
+            reason = _joined(reason, f"the {fmt} K/V read in place, dequantized in registers")
+        return Plan(c, "flash", "native", reason, tiles, threads(), mask_plan, kv_format=fmt)
     # the engine's reason joins the rule's parentheses: still one sentence
-    reason = (
-        f"{reason[:-1]}; array engine: {engine_why})"
-        if reason.endswith(")")
-        else f"{reason} (array engine: {engine_why})"
-    )
-    return Plan(c, "flash", "array", reason, flash.choose_tiles(c))
+    reason = _joined(reason, f"array engine: {engine_why}")
+    if fmt is not None:
+        reason = _joined(reason, f"the {fmt} K/V dequantized to q's dtype first")
+    return Plan(c, "flash", "array", reason, flash.choose_tiles(c), kv_format=fmt)
+
+
+def _joined(reason: str, note: str) -> str:
+    """``note`` inside the reason's closing parentheses (``"... (rule C)"`` -> ``"... (rule C; note)"``):
+    still one sentence."""
+    return f"{reason[:-1]}; {note})" if reason.endswith(")") else f"{reason} ({note})"
 
 
 def _dropped_if_hiding_nothing(c: Call) -> Call:
