@@ -103,19 +103,26 @@ class TinyGPT(nn.Module):
         temperature: float = 0.0,
         use_cache: bool = True,
         generator: torch.Generator | None = None,
+        cache_dtype: str | None = None,
     ) -> Tensor:
         """``idx (B, N)`` with ``max_new_tokens`` tokens appended, ``(B, N + max_new_tokens)``.
 
         ``temperature=0`` picks the most likely token (greedy); ``> 0`` samples from
         ``softmax(logits / temperature)`` with ``generator``. The cache changes the speed, never
-        the tokens.
+        the tokens. ``cache_dtype`` (``"int8"``, ``"float8_e4m3fn"``, ``"float8_e5m2"``) stores
+        the cache quantized (``KVCache(dtype=...)``): the keys and values then change by their
+        rounding, and so may the tokens (``qkv.diagnostics.cache_error`` measures it).
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ArgumentError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         if not temperature >= 0.0:
             raise ArgumentError(f"temperature must be >= 0 (0 is greedy), got {temperature!r}")
         self._check(idx, 0, max_new_tokens)  # the whole run must fit in max_len: fail before any work
-        cache = KVCache() if use_cache else None
+        if cache_dtype is not None and not use_cache:
+            raise ArgumentError(
+                f"cache_dtype={cache_dtype!r} stores the cache quantized, but use_cache=False keeps none"
+            )
+        cache = KVCache(dtype=cache_dtype) if use_cache else None
         step = idx
         for _ in range(max_new_tokens):
             logits = self(step if use_cache else idx, cache=cache)[:, -1, :]
