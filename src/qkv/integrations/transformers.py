@@ -33,6 +33,15 @@ from ._hf_models import QKV_NAMES, install_guard, refuse_config
 from ._hf_models import check_model as check_model
 from ._hf_models import supported_backends as supported_backends
 
+
+def __getattr__(name: str) -> Any:
+    if name == "QuantizedCache":  # a transformers Cache subclass: defined once transformers is imported
+        from ._hf_cache import QuantizedCache
+
+        return QuantizedCache
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 IGNORED = frozenset(
     {
         # bookkeeping the attention itself does not use
@@ -163,6 +172,7 @@ def forward(
       reach both. ``deterministic`` (ModernBERT) is ignored: qkv is deterministic.
     - Keyword arguments qkv cannot honour raise ``ArgumentError`` naming them rather than being
       ignored.
+    - key and value from a ``QuantizedCache`` layer (8-bit dtypes) are read as ``qkv.Quantized``.
     """
     from .. import attention, scores
 
@@ -178,8 +188,14 @@ def forward(
     if structure is not None and structure.keys is not None and structure.keys < nk:
         # a static cache: the slots after the queries' positions are hidden from every query, never read
         key, value = key[..., : structure.keys, :], value[..., : structure.keys, :]
+    quantized = key.dtype.itemsize == 1  # a QuantizedCache layer's packed 8-bit keys and values
+    if quantized:
+        from ._hf_cache import unpacked
+
+        key, value = unpacked(key, value)
     if (
-        query.shape[-2] == 1
+        not quantized
+        and query.shape[-2] == 1
         and all(kwargs.get(name) is None for name in HONOURED)
         and impl in ("auto", "flash")
         and not (dropout and getattr(module, "training", False))
