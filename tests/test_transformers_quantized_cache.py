@@ -30,9 +30,9 @@ against the bfloat16 cache, on the trained copy model (docs/quantized-cache.md s
 values; these bounds are about twice them)."""
 
 
-def _llama(seed=0, vocab=100, **extra):
+def _llama(seed=0, vocab=100, config="LlamaConfig", **extra):
     qt.register()
-    cfg = transformers.LlamaConfig(
+    cfg = getattr(transformers, config)(
         vocab_size=vocab,
         hidden_size=64,
         intermediate_size=96,
@@ -106,6 +106,18 @@ def test_generate_equals_the_model_over_the_stored_values(fmt, static, padded):
     k, v = cache.quantized(0)
     assert isinstance(k, qkv.Quantized) and k.format == fmt and k.shape[-2] == (32 if static else 18)
     assert cache.get_seq_length() == 18
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_a_sliding_window_model_keeps_every_token_and_its_mask_hides_them(static):
+    """Mistral's sliding-window layers: the cache keeps every token (transformers' mask hides the
+    ones outside the window), and generate equals the model over the stored values."""
+    model = _llama(config="MistralConfig", sliding_window=5)
+    ids, mask = _batch(True)
+    want_tokens, want_scores = _generate(model, ids, _rounded_cache(model, "int8"), mask)
+    tokens, scores = _generate(model, ids, qt.QuantizedCache(model.config, max_cache_len=32 if static else None), mask)
+    assert torch.equal(tokens, want_tokens)
+    torch.testing.assert_close(scores, want_scores, atol=2e-4, rtol=0)
 
 
 @pytest.mark.skipif(not _native.available(), reason="compiled engine unavailable")

@@ -11,6 +11,7 @@ it is given: nothing renormalises the rows (``check`` says whether they sum to 1
 - ``compare(approx_out, exact_out)``: relative error per row and overall.
 - ``kl(p_weights, q_weights)``: ``KL(p ‖ q)`` per row, in nats.
 - ``mass_outside(weights, mask)``: the attention mass a sparse pattern leaves out.
+- ``cache_error(q, k, v, dtype)``: what storing ``k`` and ``v`` in 8 bits changes, per head.
 
     >>> out, w = qkv.attention(q, k, v, return_weights=True)
     >>> qkv.diagnostics.check(w).ok
@@ -24,7 +25,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._backend import as_array, compute_dtype, device, dtype_name, from_numpy, is_bool, is_floating, namespace
+from ._backend import (
+    as_array,
+    compute_dtype,
+    device,
+    dtype_name,
+    from_numpy,
+    is_bool,
+    is_floating,
+    namespace,
+    to_numpy,
+)
 from ._typing import Array
 from .errors import ArgumentError, DTypeError, MaskError, ShapeError
 from .masks import Mask
@@ -253,3 +264,80 @@ def mass_outside(weights: Array, mask: Any) -> Array:
     xp, a = _weights(weights, "weights")
     m = _mask(mask, a)
     return xp.sum(xp.where(m, xp.zeros_like(a), a), axis=-1)
+
+
+class CacheError(NamedTuple):
+    """What storing ``k`` and ``v`` quantized changes in one attention call (``cache_error``).
+
+    ``max_error``, ``mean_error``: ``max`` and mean ``|out_q − out|`` per query head ``(H,)``
+    (over batch, query rows and features), ``relative``: ``rms(out_q − out) / rms(out)`` per head;
+    ``k_error``, ``v_error``: per kv head ``(Hkv,)``, the largest over tokens of a token's
+    ``max |x̂ − x| / max |x|`` (the stored values' own error, relative to each token's size);
+    ``nbytes`` the quantized cache's bytes (values and scales), ``float_nbytes`` the cache's bytes
+    as given. NumPy float64 arrays."""
+
+    format: str
+    scale: str
+    max_error: np.ndarray
+    mean_error: np.ndarray
+    relative: np.ndarray
+    k_error: np.ndarray
+    v_error: np.ndarray
+    nbytes: int
+    float_nbytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe: the arrays as lists."""
+        return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in self._asdict().items()}
+
+
+def _per_head(x: np.ndarray, has_heads: bool) -> np.ndarray:
+    """``(..., H, N, D)`` -> ``(H, everything else)`` (one head without a head axis)."""
+    if not has_heads:
+        return x.reshape(1, -1)
+    return np.moveaxis(x.reshape(-1, *x.shape[-3:]), 1, 0).reshape(x.shape[-3], -1)
+
+
+def cache_error(
+    q: Array, k: Array, v: Array, dtype: Any, *, scale: str = "token", **attention_kwargs: Any
+) -> CacheError:
+    """Per-head error of ``qkv.attention`` over ``k``, ``v`` stored in ``dtype`` (``"int8"``,
+    ``"float8_e4m3fn"``, ``"float8_e5m2"``; ``scale`` as ``qkv.quantize``) against the same call
+    over ``k``, ``v`` as given.
+
+    q (*B, H, Nq, Dk), k (*B, Hkv, Nk, Dk), v (*B, Hkv, Nk, Dv); ``attention_kwargs`` go to both
+    calls (``causal=True``, ``mask=``, ...). Returns a ``CacheError``.
+
+    >>> e = qkv.diagnostics.cache_error(q, k, v, "int8", causal=True)
+    >>> e.max_error, e.relative          # (H,) each
+    """
+    from ._core import attention
+    from ._quant import dequantize, quantize
+
+    qk, qv = quantize(k, dtype, scale=scale), quantize(v, dtype, scale=scale)
+    exact = to_numpy(attention(q, k, v, **attention_kwargs)).astype(np.float64)
+    approx = to_numpy(attention(q, qk, qv, **attention_kwargs)).astype(np.float64)
+    heads = max(len(q.shape), len(k.shape), len(v.shape)) >= 3
+    diff, ref = _per_head(np.abs(approx - exact), heads), _per_head(exact, heads)
+    rms = np.sqrt((ref**2).mean(1))
+    rel = np.sqrt((diff**2).mean(1)) / np.where(rms > 0, rms, 1.0)
+
+    def stored(x: Any, qx: Any) -> np.ndarray:  # each token's error relative to its own largest value
+        x64 = to_numpy(x).astype(np.float64)
+        err = np.abs(to_numpy(dequantize(qx, "float64")) - x64).max(-1, initial=0.0)
+        size = np.abs(x64).max(-1, initial=0.0)
+        rel = (err / np.where(size > 0, size, 1.0))[..., None]
+        return _per_head(rel, heads).max(1, initial=0.0)
+
+    item = {"float64": 8, "float32": 4}.get(dtype_name(k), 2)
+    return CacheError(
+        qk.format,
+        scale,
+        diff.max(1, initial=0.0),
+        diff.mean(1) if diff.shape[1] else np.zeros(diff.shape[0]),
+        rel,
+        stored(k, qk),
+        stored(v, qv),
+        qk.nbytes + qv.nbytes,
+        item * (math.prod(k.shape) + math.prod(v.shape)),
+    )
