@@ -203,3 +203,12 @@ def test_jax_reads_a_quantized_cache_eagerly_and_under_jit(rng):
         assert_close(np.asarray(got), want, tol=2e-5, name=f"{fmt} eager")
         jitted = jax.jit(lambda a, b, c: qkv.attention(a, b, c, causal=True))(jnp.asarray(q), qk, qv)
         assert_close(np.asarray(jitted), want, tol=2e-5, name=f"{fmt} jit")
+
+
+def test_explain_shows_the_steps_over_the_stored_values(rng):
+    q, k, v = (rng.standard_normal(s) for s in ((2, 3, 8), (2, 7, 8), (2, 7, 8)))
+    qk, qv = qkv.quantize(k, "float8_e4m3fn"), qkv.quantize(v, "float8_e4m3fn")
+    trace = qkv.explain(q, qk, qv, causal=True)
+    want = _golden(q, qk, qv, O.causal_allowed(3, 7))[0]
+    assert_close(trace.out, want, tol=1e-12)
+    assert trace.options["dispatch"]["kv_format"] == "float8_e4m3fn"

@@ -19,7 +19,7 @@ import numpy as np
 
 from .._backend import HALF, as_array, dtype_name, is_torch, namespace, to_numpy, unbroadcast
 from .._finite import check_overflow
-from .._impls import Call, build_call, plan
+from .._impls import Call, build_call, dequantized, plan
 from .._impls import reference as ref
 from ..diagnostics import entropy
 from ..errors import ArgumentError, ShapeError
@@ -78,7 +78,7 @@ def explain(
             f"explain replays the deterministic computation; dropout={c.dropout} is not "
             "supported (explain with dropout=0)"
         )
-    n = _numpy_call(c)
+    n = _numpy_call(dequantized(c))  # a quantized cache: the steps show the values it stands for
     with np.errstate(all="ignore"):  # overflow is an error below, never a warning
         steps, mod_grad = _forward(n, default_scale=scale is None)
         check_overflow(np, next(s.value for s in steps if s.name == "O"), n.q, n.k, n.v, n.bias, scale=n.scale)

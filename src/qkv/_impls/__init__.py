@@ -18,6 +18,7 @@ from ._autograd import with_autograd as with_autograd
 from ._call import Call as Call
 from ._call import build_call as build_call
 from ._call import check_mask_covers as check_mask_covers
+from ._call import dequantized as dequantized
 from ._call import split_mask as split_mask
 from ._compiled import compiled_attention as compiled_attention
 from ._lean import lean_attention as lean_attention
