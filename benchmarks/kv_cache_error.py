@@ -15,7 +15,7 @@ cache's own tokens (teacher forcing) the largest change of any log-probability, 
 token's log-probability, and the mean KL divergence per step. These are errors, not timings:
 the numbers do not depend on the machine's load.
 
-    OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/kv_cache_error.py [--llama-steps 150]
+    OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/kv_cache_error.py [--llama-steps 150] [--tinygpt-steps N]
 """
 
 import argparse
@@ -70,14 +70,14 @@ def drift(logits_float: Any, logits_q: Any, chosen: Any) -> dict[str, float]:
     return {"max_dlogp": float((a - b).abs().max()), "max_dlogp_chosen": float(picked), "mean_kl": float(kl)}
 
 
-def tinygpt_rows() -> list[dict[str, Any]]:
+def tinygpt_rows(steps: int | None) -> list[dict[str, Any]]:
     import torch
 
     import qkv.nn.attention as attention_module
     from qkv.nn import KVCache
     from qkv.train import make_batch, train
 
-    model = train("reverse", seed=0).model
+    model = train("reverse", steps, seed=0).model
     tokens, answer = make_batch("reverse", 32, generator=torch.Generator().manual_seed(42))
     prompt, n = tokens[:, : answer[0]], len(answer)
     calls, original = _capture(attention_module, "attention")
@@ -190,10 +190,11 @@ def llama_rows(steps: int) -> list[dict[str, Any]]:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--llama-steps", type=int, default=150)
+    p.add_argument("--tinygpt-steps", type=int, default=None, help="default: the reverse task's budget")
     a = p.parse_args()
     info = setup()
     print(f"<!-- {info['date']}: {info['command']} (torch {info['torch']}) -->")
-    rows = tinygpt_rows() + llama_rows(a.llama_steps)
+    rows = tinygpt_rows(a.tinygpt_steps) + llama_rows(a.llama_steps)
     print("| model | cache | greedy tokens agreeing | max Δlog p | max Δlog p (chosen) | mean KL / step |")
     print("|---|---|---:|---:|---:|---:|")
     for r in rows:

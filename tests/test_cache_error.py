@@ -40,3 +40,17 @@ def test_without_heads_one_head(rng):
     q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((4, 8), (9, 8), (9, 8)))
     e = qkv.diagnostics.cache_error(q, k, v, "int8")
     assert e.max_error.shape == e.k_error.shape == (1,)
+
+
+def test_attention_keywords_reach_both_calls_scale_included(rng):
+    """``per`` names the quantization's granularity, so attention's own ``scale=`` passes through."""
+    q, k, v = (rng.standard_normal(s) for s in ((1, 2, 3, 8), (1, 2, 9, 8), (1, 2, 9, 8)))
+    e = qkv.diagnostics.cache_error(q, k, v, "float8_e5m2", per="head", scale=0.25, causal=True)
+    stored = [qkv.dequantize(qkv.quantize(x, "float8_e5m2", scale="head"), "float64") for x in (k, v)]
+    allowed = O.causal_allowed(3, 9)
+    diff = np.abs(
+        O.attention_oracle(q, *stored, allowed=allowed, scale=0.25)[0]
+        - O.attention_oracle(q, k, v, allowed=allowed, scale=0.25)[0]
+    )
+    np.testing.assert_allclose(e.max_error, diff.max(axis=(0, 2, 3)), rtol=1e-9, atol=1e-13)
+    assert e.per == "head"

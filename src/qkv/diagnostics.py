@@ -267,7 +267,8 @@ def mass_outside(weights: Array, mask: Any) -> Array:
 
 
 class CacheError(NamedTuple):
-    """What storing ``k`` and ``v`` quantized changes in one attention call (``cache_error``).
+    """What storing ``k`` and ``v`` quantized changes in one attention call (``cache_error``): the
+    ``format`` and ``per`` (``"token"`` or ``"head"``: one scale per token or per kv head).
 
     ``max_error``, ``mean_error``: ``max`` and mean ``|out_q − out|`` per query head ``(H,)``
     (over batch, query rows and features), ``relative``: ``rms(out_q − out) / rms(out)`` per head;
@@ -277,7 +278,7 @@ class CacheError(NamedTuple):
     as given. NumPy float64 arrays."""
 
     format: str
-    scale: str
+    per: str
     max_error: np.ndarray
     mean_error: np.ndarray
     relative: np.ndarray
@@ -299,14 +300,15 @@ def _per_head(x: np.ndarray, has_heads: bool) -> np.ndarray:
 
 
 def cache_error(
-    q: Array, k: Array, v: Array, dtype: Any, *, scale: str = "token", **attention_kwargs: Any
+    q: Array, k: Array, v: Array, dtype: Any, *, per: str = "token", **attention_kwargs: Any
 ) -> CacheError:
     """Per-head error of ``qkv.attention`` over ``k``, ``v`` stored in ``dtype`` (``"int8"``,
-    ``"float8_e4m3fn"``, ``"float8_e5m2"``; ``scale`` as ``qkv.quantize``) against the same call
-    over ``k``, ``v`` as given.
+    ``"float8_e4m3fn"``, ``"float8_e5m2"``; ``per`` is ``qkv.quantize``'s ``scale=``, ``"token"``
+    or ``"head"``, named apart from attention's own ``scale``) against the same call over ``k``,
+    ``v`` as given.
 
     q (*B, H, Nq, Dk), k (*B, Hkv, Nk, Dk), v (*B, Hkv, Nk, Dv); ``attention_kwargs`` go to both
-    calls (``causal=True``, ``mask=``, ...). Returns a ``CacheError``.
+    calls (``causal=True``, ``mask=``, ``scale=``, ...). Returns a ``CacheError``.
 
     >>> e = qkv.diagnostics.cache_error(q, k, v, "int8", causal=True)
     >>> e.max_error, e.relative          # (H,) each
@@ -314,7 +316,7 @@ def cache_error(
     from ._core import attention
     from ._quant import dequantize, quantize
 
-    qk, qv = quantize(k, dtype, scale=scale), quantize(v, dtype, scale=scale)
+    qk, qv = quantize(k, dtype, scale=per), quantize(v, dtype, scale=per)
     exact = to_numpy(attention(q, k, v, **attention_kwargs)).astype(np.float64)
     approx = to_numpy(attention(q, qk, qv, **attention_kwargs)).astype(np.float64)
     heads = max(len(q.shape), len(k.shape), len(v.shape)) >= 3
@@ -332,7 +334,7 @@ def cache_error(
     item = {"float64": 8, "float32": 4}.get(dtype_name(k), 2)
     return CacheError(
         qk.format,
-        scale,
+        per,
         diff.max(1, initial=0.0),
         diff.mean(1) if diff.shape[1] else np.zeros(diff.shape[0]),
         rel,
