@@ -15,7 +15,7 @@ cache's own tokens (teacher forcing) the largest change of any log-probability, 
 token's log-probability, and the mean KL divergence per step. These are errors, not timings:
 the numbers do not depend on the machine's load.
 
-    OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/kv_cache_error.py [--llama-steps 150] [--tinygpt-steps N]
+    OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/kv_cache_error.py [--llama-steps 150]
 """
 
 import argparse
