@@ -98,7 +98,14 @@ def test_grouped_decode_estimate_is_flash_like_attention():
 
 def test_a_named_impl_is_reported_or_refused_as_attention_would():
     q = k = v = np.zeros((1, 2, 8, 4))
-    assert qkv.dispatch(q, k, v, impl="reference") == ("reference", None, "impl='reference' was asked for", None, None)
+    assert qkv.dispatch(q, k, v, impl="reference") == (
+        "reference",
+        None,
+        "impl='reference' was asked for",
+        None,
+        None,
+        None,
+    )
     with pytest.raises(ArgumentError, match="impl='torch' cannot run this call exactly"):
         qkv.dispatch(q, k, v, impl="torch")
     with pytest.raises(ArgumentError, match="impl must be one of"):

@@ -97,7 +97,7 @@ def dispatch(q: Array, k: Array, v: Array, *, impl: str = "auto", **attention_kw
     the same ``ArgumentError``.
 
     >>> qkv.dispatch(q, k, v, causal=True)
-    Dispatch(impl='flash', engine='native', reason='...', tiles=(64, 128), threads=2)
+    Dispatch(impl='flash', engine='native', reason='...', tiles=(64, 128), threads=2, kv_format=None)
     """
     kw = dict(attention_kwargs)
     want_weights, want_lse = kw.pop("return_weights", False), kw.pop("return_lse", False)
