@@ -299,9 +299,7 @@ def _per_head(x: np.ndarray, has_heads: bool) -> np.ndarray:
     return np.moveaxis(x.reshape(-1, *x.shape[-3:]), 1, 0).reshape(x.shape[-3], -1)
 
 
-def cache_error(
-    q: Array, k: Array, v: Array, dtype: Any, *, per: str = "token", **attention_kwargs: Any
-) -> CacheError:
+def cache_error(q: Array, k: Array, v: Array, dtype: Any, *, per: str = "token", **attention_kwargs: Any) -> CacheError:
     """Per-head error of ``qkv.attention`` over ``k``, ``v`` stored in ``dtype`` (``"int8"``,
     ``"float8_e4m3fn"``, ``"float8_e5m2"``; ``per`` is ``qkv.quantize``'s ``scale=``, ``"token"``
     or ``"head"``, named apart from attention's own ``scale``) against the same call over ``k``,
