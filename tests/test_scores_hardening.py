@@ -80,6 +80,33 @@ def test_a_relative_bias_table_with_the_wrong_heads_is_a_shape_error(impl, engin
         run(impl, engine, q, k, v, score_mod=scores.relative_bias(np.zeros((3, 5)), 2))
 
 
+@pytest.mark.parametrize("impl,engine", ENGINES)
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+@pytest.mark.parametrize(
+    "mod,built",
+    [
+        (lambda: scores.alibi(n_heads=4), 4),
+        (lambda: scores.alibi(n_heads=1), 1),  # one head's slope would broadcast silently
+        (lambda: scores.alibi(slopes=[0.5], n_heads=1), 1),
+        (lambda: scores.softcap(5.0) + scores.alibi(n_heads=4), 4),  # inside a chain too
+    ],
+)
+def test_a_score_mod_built_for_other_heads_is_a_shape_error_naming_both(impl, engine, library, mod, built, rng):
+    q, k, v = make_qkv(rng, (2, 8, 5, 4), (2, 8, 6, 4))
+    with pytest.raises(ShapeError, match=rf"built for {built} heads? but the call has H=8 query heads"):
+        run(impl, engine, q, k, v, library, score_mod=mod())
+
+
+@pytest.mark.skipif(not HAS_TORCH or not _native.available(), reason="torch.compile needs torch and the kernel")
+def test_a_score_mod_built_for_other_heads_is_a_shape_error_inside_torch_compile(rng):
+    import torch
+
+    q, k, v = (torch.tensor(x) for x in make_qkv(rng, (1, 8, 5, 4), (1, 8, 6, 4)))
+    f = torch.compile(lambda q, k, v: qkv.attention(q, k, v, score_mod=scores.alibi(n_heads=4)), backend="aot_eager")
+    with pytest.raises(ShapeError, match=r"built for 4 heads but the call has H=8 query heads"):
+        f(q, k, v)
+
+
 # --------------------------------------------------------------------------- ALiBi per sequence
 
 

@@ -242,6 +242,8 @@ def build_call(
     check_mask_covers(m, bias, dims.score_shape)
     if score_mod is not None and not isinstance(score_mod, ScoreMod):
         raise DTypeError(f"score_mod must be a qkv.scores.ScoreMod, got {type(score_mod).__name__}")
+    if score_mod is not None:
+        score_mod.check_heads(dims.h, f"q: {tuple(q.shape)}")
     score_mod = aligned_mod(score_mod, m, dims.nq, dims.nk)
     if m is not None and m.tiles is not None and (m.blocks(dims.nq, dims.nk, dims.nq, dims.nk) == masks.FULL).all():
         m = None  # hides nothing here: no mask at all

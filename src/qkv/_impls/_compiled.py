@@ -105,6 +105,7 @@ def compiled_attention(
     if score_mod is not None:
         if not isinstance(score_mod, ScoreMod) or score_mod.native is None:
             return None
+        score_mod.check_heads(dims.h, f"q: {tuple(q.shape)}")
         if any(getattr(t, "requires_grad", False) for t in score_mod.tensors):
             return None
         if isinstance(mask, Mask) and aligned_mod(score_mod, mask, dims.nq, dims.nk) is not score_mod:

@@ -39,6 +39,9 @@ class ScoreMod:
     # position-based mods (alibi, relative_bias): this mod with query row i at key position
     # p = i + shift[..., i] (shift int64 (..., Nq), from a per-sequence mask's ``Mask.align``)
     realign: Callable[[np.ndarray], "ScoreMod"] | None = None
+    # the query heads H it was built for (alibi's n_heads or slopes, a relative_bias table's rows;
+    # None: any H); a chain keeps the first, and two that differ can never fit one call
+    heads: int | None = None
 
     def __call__(self, s: Array, i: np.ndarray, j: np.ndarray, nq: int, nk: int) -> Array:
         """``s'`` for scores ``s`` at rows ``i (rows, 1)`` and columns ``j (1, cols)``."""
@@ -73,7 +76,21 @@ class ScoreMod:
             def realign(shift: np.ndarray) -> "ScoreMod":
                 return (a if a.realign is None else a.realign(shift)) + (b if b.realign is None else b.realign(shift))
 
-        return ScoreMod(fn, f"{a.name} + {b.name}", both, a.tensors + b.tensors, a.opaque or b.opaque, native, realign)
+        if a.heads is not None and b.heads is not None and a.heads != b.heads:
+            raise ShapeError(f"{a.name} is built for H={a.heads} heads and {b.name} for H={b.heads}: no call fits both")
+        heads = a.heads if a.heads is not None else b.heads
+        name = f"{a.name} + {b.name}"
+        return ScoreMod(fn, name, both, a.tensors + b.tensors, a.opaque or b.opaque, native, realign, heads)
+
+    def check_heads(self, h: int, shapes: str = "") -> None:
+        """``ShapeError`` naming both head counts when the mod was built for other than the call's
+        ``H`` query heads: every impl and engine asks here before running (the compiled kernel
+        would otherwise resolve default slopes for ``H`` and never see ``n_heads``)."""
+        if self.heads is not None and self.heads != h:
+            raise ShapeError(
+                f"score_mod {self.name} is built for {self.heads} head{'s' if self.heads != 1 else ''} but the "
+                f"call has H={h} query heads on axis -3" + (f" ({shapes})" if shapes else "")
+            )
 
     def __repr__(self) -> str:
         return f"ScoreMod({self.name})"
@@ -105,11 +122,12 @@ def additive_mod(
     tensors: tuple[Array, ...] = (),
     native: tuple[KernelMod, ...] | None = None,
     realign: Callable[[np.ndarray], ScoreMod] | None = None,
+    heads: int | None = None,
 ) -> ScoreMod:
     def fn(xp, s, i, j, nq, nk):
         return s + bias(xp, s, i, j, nq, nk), None
 
-    return ScoreMod(fn, name, bias, tensors, native=native, realign=realign)
+    return ScoreMod(fn, name, bias, tensors, native=native, realign=realign, heads=heads)
 
 
 def positions(i: np.ndarray, nq: int, nk: int, shift: np.ndarray | None) -> np.ndarray:

@@ -79,10 +79,10 @@ def _alibi(slopes: Any, n_heads: int | None, shift: np.ndarray | None) -> ScoreM
     name = "alibi" if slopes is None else f"alibi(slopes={shown})"
     tensors = (slopes,) if is_array(slopes) else ()
     if shift is not None:  # per sequence: the compiled kernel measures from the call's corner only
-        return additive_mod(bias, f"{name} per sequence", tensors)
+        return additive_mod(bias, f"{name} per sequence", tensors, heads=n_heads)
     table = None if slopes is None else slopes if is_array(slopes) else np.asarray(slopes, dtype=np.float64)
     native = (KernelMod(ModKind.ALIBI, table=table),)
-    return additive_mod(bias, name, tensors, native, lambda sh: _alibi(slopes, n_heads, sh))
+    return additive_mod(bias, name, tensors, native, lambda sh: _alibi(slopes, n_heads, sh), heads=n_heads)
 
 
 def kernel_ops(native: tuple[KernelMod, ...], lead: tuple[int, ...]) -> tuple[KernelMod, ...]:
