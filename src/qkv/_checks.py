@@ -118,6 +118,8 @@ def _broadcast(name_a: str, a: tuple[int, ...], name_b: str, b: tuple[int, ...],
 
 def check_heads(h: int, hkv: int, shapes: str = "") -> None:
     """``H % Hkv == 0`` (each kv head serves ``H // Hkv`` consecutive query heads)."""
+    if h == 0 and hkv >= 0:
+        return  # no query heads: an empty call (SDPA returns the empty result)
     if hkv < 1 or h % hkv:
         raise ShapeError(
             f"q has H={h} heads on axis -3 but k has Hkv={hkv}, and H is not a multiple of Hkv"

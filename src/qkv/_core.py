@@ -5,6 +5,7 @@ The first lines turn the contract's shortcuts into one ``Mask``, one float bias 
 computes ``Result(out, weights, lse)``; only the last line picks the tuple API.md promises.
 """
 
+import math
 from typing import Any, Literal, overload
 
 import numpy as np
@@ -32,7 +33,8 @@ from .scores import ScoreMod
 
 
 def _nothing_attended(c: Call, p: Plan | None = None) -> Result:
-    """Nq = 0 or Nk = 0: every query row attends nothing, so zeros and ``lse = -inf``."""
+    """Nq = 0 or Nk = 0: every query row attends nothing, so zeros and ``lse = -inf`` (B = 0 or
+    H = 0: the empty arrays)."""
     xp, d = namespace(q=c.q), c.dims
     return empty_result(
         xp, d.score_shape[:-1], d.nk, d.dv, c.q.dtype, compute_dtype(xp, c.q), device(c.q), weights=c.want_weights
@@ -65,7 +67,7 @@ def run(c: Call, impl: str = "auto") -> Result:
     p = plan(impl, c)
     c = p.call
     chosen = REGISTRY[p.impl]
-    empty = c.dims.nq * c.dims.nk == 0
+    empty = math.prod(c.dims.score_shape) == 0  # Nq, Nk, B or H of 0: nothing to compute
     with np.errstate(all="ignore"):  # overflow is reported below, as an error, never as a warning
         res = _empty(c, p) if empty else chosen.forward(c, p)
         if c.sinks is not None and (empty or not chosen.sinks):
@@ -301,7 +303,7 @@ def run_backward(c: Call, dout: Any, out: Any, lse: Any, impl: str = "auto") -> 
     p = plan(impl, c)
     c = p.call
     chosen = REGISTRY[p.impl]
-    if c.dims.nq * c.dims.nk == 0:  # nothing attended: every gradient is zero
+    if math.prod(c.dims.score_shape) == 0:  # nothing attended (or no rows): every gradient is zero
         return _zero_gradients(dout, c, p, out, lse)
     xp = namespace(q=c.q)
     if not is_traced(lse) and bool(xp.any(xp.isnan(lse))):

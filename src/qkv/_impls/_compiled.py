@@ -99,6 +99,8 @@ def compiled_attention(
         return None
     recipe, mask_bias = normalised
     dims = check_qkv(q, k, v)
+    if 0 in (*dims.batch, dims.h, dims.nq, dims.nk, dims.dk, dims.dv):
+        return None  # an empty axis: the eager path's answer (no kernel takes one)
     bias = check_bias(bias, mask_bias)
     if bias is not None and bias.requires_grad:
         return None  # its gradient comes from the array engine

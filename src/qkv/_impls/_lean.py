@@ -42,7 +42,7 @@ def lean_attention(q: Any, k: Any, v: Any, causal: bool, scale: Any) -> Result |
         return None  # autograd: the full path records the node
     b, h, nq, dk = q.shape
     _, hkv, nk, dv = v.shape
-    if k.shape != (b, hkv, nk, dk) or v.shape[0] != b or h % max(hkv, 1) or nq * nk == 0 or hkv == 0:
+    if k.shape != (b, hkv, nk, dk) or v.shape[0] != b or h % max(hkv, 1) or 0 in (b, h, hkv, nq, nk, dk, dv):
         return None
     if not (q.is_contiguous() or q.stride()[-1] == 1) or not (k.is_contiguous() or k.stride()[-1] == 1):
         return None  # the kernel reads rows in place: the last axis must be dense

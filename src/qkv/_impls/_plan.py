@@ -43,6 +43,7 @@ from .. import _native as native
 from .. import _torch, masks
 from .._backend import HALF, dtype_name, is_jax, is_torch, is_traced
 from .._checks import check_impl
+from .._typing import Dims
 from ..errors import ArgumentError
 from . import flash, torch_sdpa
 from ._call import Call, dequantized
@@ -243,15 +244,34 @@ def _auto(c: Call, native_ok: bool) -> tuple[str, str]:
 SUPPORTS = {"reference": lambda c: None, "torch": torch_sdpa.supports, "flash": flash.supports}
 
 
+def empty_axis(d: Dims) -> str | None:
+    """The first of ``B``, ``H``, ``Dk``, ``Dv`` that is 0 (``"Dk = 0"``), or None."""
+    for name, n in (("B", math.prod(d.batch)), ("H", d.h), ("Dk", d.dk), ("Dv", d.dv)):
+        if n == 0:
+            return f"{name} = 0"
+    return None
+
+
 def plan(impl: str, c: Call) -> Plan:
     """Decide how ``c`` runs for ``impl=`` (``"auto"`` chooses): the one decision of the call.
 
     A named impl that cannot give the contract's exact semantics for ``c`` raises
-    ``ArgumentError`` with the reason.
+    ``ArgumentError`` with the reason. A call with an empty axis (``B``, ``H``, ``Dk`` or ``Dv``
+    of 0) gets SDPA's answer whatever the impl: the reference's steps compute it (empty arrays, or
+    for ``Dk = 0`` zero scores: uniform weights over the keys each row may attend); no kernel
+    takes a zero-size axis.
     """
     check_impl(impl)
     c = _dropped_if_hiding_nothing(c)
     fmt = None if c.kv is None else c.kv.format
+    empty = empty_axis(c.dims)
+    if empty is not None:  # SDPA's answer whatever the impl: no kernel takes a zero-size axis
+        c = dequantized(c)
+        why = None if impl in ("auto", "reference") else SUPPORTS[impl](c)
+        if why is not None:
+            raise ArgumentError(f"impl={impl!r} cannot run this call exactly: {why}; use impl='auto' or 'reference'")
+        reason = f"{empty}: an empty axis, SDPA's answer from the reference's steps"
+        return Plan(c, "reference", None, reason, kv_format=fmt)
     engine, engine_why = _engine(c) if impl in ("auto", "flash") else ("array", None)
     if engine != "native":  # every engine but the compiled kernel reads the cache dequantized
         c = dequantized(c)
@@ -294,7 +314,7 @@ def _dropped_if_hiding_nothing(c: Call) -> Call:
     against a cache): every impl then runs its unmasked path. Read from the mask's plan (cached)
     where its tiles are classified analytically; no mask is ever evaluated cell by cell here."""
     m, d = c.mask, c.dims
-    if m is None or (m.rows is None and m.tiles is None) or _traced(c) or d.nq * d.nk == 0:
+    if m is None or (m.rows is None and m.tiles is None) or _traced(c) or d.nq * d.nk == 0 or empty_axis(d):
         return c
     lead = d.score_shape[:-2] if d.has_heads else ()
     if m.rows is not None:

@@ -56,7 +56,7 @@ def _alibi(slopes: Any, n_heads: int | None, shift: np.ndarray | None) -> ScoreM
             raise ShapeError(
                 f"alibi(n_heads={n_heads}) but the scores have H={h} heads on axis -3 (scores: {tuple(s.shape)})"
             )
-        m = alibi_slopes(h) if slopes is None else slopes
+        m = (alibi_slopes(h) if h else np.zeros(0)) if slopes is None else slopes  # H = 0: an empty call
         m = m if is_array(m) else np.asarray(m, dtype=np.float64)
         m = per_head(xp, m, s, "alibi slopes", axis=m.ndim - 1)
         if m.ndim == 2 and (s.ndim < 4 or m.shape[0] not in (1, s.shape[-4])):
