@@ -244,14 +244,25 @@ def test_numbers_are_monotone_in_n():
     assert np.all(np.diff([estimate(n).peak_bytes for n in (256, 512, 1024)]) > 0)
 
 
-def test_sizes_beyond_what_any_call_indexes_are_typed_errors():
-    from qkv import masks
-    from qkv.errors import ShapeError
+@pytest.mark.parametrize("n", [2**31, 10**12, 10**30])
+def test_any_positive_size_is_answered_by_the_formulas(n):
+    # no call of these sizes can run; the estimate is a calculator (issue 33): Python ints, exact
+    e = estimate(n, heads=32, kv_heads=8, batch=4, d_k=128, impl="auto")
+    assert e.impl == "flash" and e.pairs == n * n and e.kept_fraction == 1.0
+    assert e.flops == 4 * 4 * 32 * n * n * 128 and isinstance(e.flops, int)
+    assert e.kv_cache_bytes == 4 * 8 * n * 256 * 4
+    ref = estimate(n, heads=32, batch=4, impl="reference", backward=True)
+    assert ref.score_bytes == 4 * 32 * n * n * 4 and ref.flops == 2 * 4 * 32 * n * n * (64 + 64) * 7 // 2
+    assert json.loads(json.dumps(e.to_dict()))["flops"] == e.flops
+    assert estimate(8, n_k=n).pairs == 8 * n
 
-    with pytest.raises(ArgumentError, match=r"n_q must be at most 2147483647, got 10{30}"):
-        estimate(10**30, impl="flash", mask=masks.causal())
-    with pytest.raises(ArgumentError, match=r"n_k must be at most"):
-        estimate(8, n_k=2**40)
-    big = 2**31 - 1
-    with pytest.raises(ShapeError, match=r"q would hold .* elements \(batch, heads, N, D\)"):
-        estimate(big, heads=big, batch=big, d_k=big)
+
+def test_a_mask_beyond_what_an_estimate_counts_is_a_typed_error_naming_the_limit():
+    from qkv.complexity._model import MAX_TILE_ROWS
+
+    with pytest.raises(ArgumentError, match=rf"mask causal .* beyond the {MAX_TILE_ROWS} an estimate counts"):
+        estimate(10**12, impl="flash", mask=masks.causal())
+    # within the limit, beyond what a call indexes (a query block against 10^12 keys): counted exactly
+    e = estimate(1024, n_k=10**12, impl="flash", mask=masks.sliding_window(2**20))
+    bq, bk = e.tiles  # each row sees 2^20 keys; a row of tiles keeps their union, rounded out to key tiles
+    assert 1024 * 2**20 < e.pairs <= 1024 * (2**20 + bq + 2 * bk)

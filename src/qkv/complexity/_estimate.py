@@ -15,9 +15,9 @@ from .. import masks
 from .._checks import check_flag, check_impl
 from .._core import dispatch
 from .._impls import build_call, native_reason, threads
-from .._impls.flash import choose_tiles
+from .._impls.flash import BLOCK_K, BLOCK_Q, choose_tiles
 from ..errors import MaskError
-from ._model import ITEMSIZE, check_sizes, compute_itemsize, flops, tile_pairs
+from ._model import ITEMSIZE, MAX_SIZE, check_countable, check_sizes, compute_itemsize, flops, runnable, tile_pairs
 
 
 @dataclass(frozen=True)
@@ -115,38 +115,54 @@ def estimate(
 
     ``n_k`` defaults to ``n_q``, ``d_v`` to ``d_k``, ``kv_heads`` to ``heads`` (GQA: fewer; MQA:
     1). ``mask``: a ``qkv.masks.Mask`` or a boolean array (True = may attend); ``impl`` as in
-    ``qkv.attention``. Formulas and what each impl computes: the module docstring.
+    ``qkv.attention``. Formulas and what each impl computes: the module docstring. Any positive
+    sizes (Python ints): beyond what one call can index (``2**31 - 1`` per axis) the estimate is
+    its formulas alone, ``"auto"`` counted as ``"flash"``; a mask's kept tiles are counted up to
+    ``MAX_TILE_ROWS`` rows of tiles.
 
     >>> e = estimate(2048, heads=32, batch=8)
     >>> e.score_bytes / 1e9                      # 8 · 32 · 2048² · 4 B
     4.294967296
     >>> estimate(8192, impl="flash", mask=masks.causal()).kept_fraction
+    >>> estimate(10**12).flops                   # 4 · 10²⁴ · 64: a calculator, not a call
     """
-    nq, nk, dk, dv, h, hkv, b, dtype = check_sizes(n_q, n_k, d_k, d_v, heads, kv_heads, batch, dtype)
+    sizes = check_sizes(n_q, n_k, d_k, d_v, heads, kv_heads, batch, dtype)
+    nq, nk, dk, dv, h, hkv, b, dtype = sizes
     check_impl(impl)
     check_flag(backward, "backward")
     m = _as_mask(mask)
     name = None if m is None else m.name
-    q, k, v = _shaped(b, h, hkv, nq, nk, dk, dv)
-    call = build_call(q, k, v, mask=m)  # the same normalisation as qkv.attention (drops a mask hiding nothing)
-    m = call.mask
-    if impl == "auto":
-        impl = dispatch(q, k, v, mask=m).impl  # resolved as qkv.attention resolves it for NumPy inputs
+    if runnable(sizes):  # ask the very plan qkv.attention would make for NumPy inputs of these shapes
+        q, k, v = _shaped(b, h, hkv, nq, nk, dk, dv)
+        call = build_call(q, k, v, mask=m)  # the same normalisation as qkv.attention (drops a mask hiding nothing)
+        m = call.mask
+        if impl == "auto":
+            impl = dispatch(q, k, v, mask=m).impl
+        on_native = impl == "flash" and call.engine != "array" and native_reason(call) is None
+        array_tiles = choose_tiles(call) if impl == "flash" else (0, 0)
+    else:  # no call of this size can run (the kernels' limits are the call's errors): formulas alone
+        impl = "flash" if impl == "auto" else impl  # what auto runs for long sequences
+        on_native = impl == "flash" and native.available()
+        array_tiles = (BLOCK_Q, BLOCK_K)
     s = ITEMSIZE[dtype]
     c = compute_itemsize(dtype)
     lanes = b * h
     mask_batch = 1 if m is None else math.prod(m.blocks(nq, nk, nq, nk).shape[:-2])
     mask_pairs = 0 if m is None else mask_batch * nq * nk
     tiles = None
-    if impl == "flash" and call.engine != "array" and native_reason(call) is None:
-        bq, bk = native.tile_shape(nq, nk, dk, dv, dtype)
+    if on_native:
+        bq, bk = native.tile_shape(min(nq, MAX_SIZE), min(nk, MAX_SIZE), min(dk, MAX_SIZE), min(dv, MAX_SIZE), dtype)
+        if m is not None:
+            check_countable(m, nq, nk, bq, bk)
         pairs, partial = tile_pairs(m, nq, nk, bq, bk)
         tiles = (bq, bk)
         bits = 0 if m is None or m.rows is not None else mask_pairs // 8  # at most one bit per cell
         peak = _native_peak(lanes, b * hkv, nq, nk, dk, dv, bk, c, s, bits, backward)
         score = 0
     elif impl == "flash":
-        bq, bk = choose_tiles(call)
+        bq, bk = array_tiles
+        if m is not None:
+            check_countable(m, nq, nk, bq, bk)
         pairs, partial = tile_pairs(m, nq, nk, bq, bk)
         tiles = (bq, bk)
         row_tiles = 1  # the kernel frees each tile before allocating the next

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import masks
 from .._checks import check_choice, check_int
-from ..errors import DTypeError, ShapeError
+from ..errors import ArgumentError, DTypeError, ShapeError
 from ..masks import full_pairs, kept_pairs, row_tiles
 
 ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
@@ -44,19 +44,26 @@ class Sizes(NamedTuple):
 
 
 MAX_SIZE = 2**31 - 1
-"""Largest size an estimate takes on any axis: what the kernels index per axis (and the masks'
-``MAX_LENGTH``); beyond it no call can run, and the estimate's per-tile-row arrays would not fit."""
+"""Largest size a call takes on any axis: what the kernels index per axis (and the masks'
+``MAX_LENGTH``). Beyond it (or beyond ``MAX_ELEMENTS``) no call can run: the estimate then
+answers from its formulas alone (``runnable``), never from a call's plan."""
 MAX_ELEMENTS = 2**62
-"""Largest element count of one (zero-memory) input the estimate builds: int64 indexing."""
+"""Largest element count of one input a call can index (int64)."""
+MAX_TILE_ROWS = 2**25
+"""Most rows of tiles (``Nq / block_q``: 2.1e9 queries in 64-row tiles) whose kept tiles an estimate
+counts for a mask with row intervals (as many tiles for one without): ``CHUNK`` at a time, seconds
+at most. A masked estimate beyond it is refused (``ArgumentError``); an unmasked one is a formula
+at any size."""
 
 
 def check_sizes(
     n_q: Any, n_k: Any, d_k: Any, d_v: Any, heads: Any, kv_heads: Any, batch: Any, dtype: Any, q_name: str = "n_q"
 ) -> Sizes:
-    """Validate a configuration (defaults: ``n_k = n_q``, ``d_v = d_k``, ``kv_heads = heads``)."""
+    """Validate a configuration (defaults: ``n_k = n_q``, ``d_v = d_k``, ``kv_heads = heads``):
+    positive integers of any size (Python ints: an estimate is a calculator)."""
 
     def size(value: Any, name: str) -> int:
-        return check_int(value, name, minimum=1, maximum=MAX_SIZE)
+        return check_int(value, name, minimum=1)
 
     nq = size(n_q, q_name)
     nk = nq if n_k is None else size(n_k, "n_k")
@@ -67,13 +74,28 @@ def check_sizes(
     if h % hkv:
         raise ShapeError(f"heads={h} is not a multiple of kv_heads={hkv}: each kv head serves H // Hkv query heads")
     check_choice(dtype, "dtype", tuple(ITEMSIZE), error=DTypeError)
-    for name, shape in (("q", (b, h, nq, dk)), ("k", (b, hkv, nk, dk)), ("v", (b, hkv, nk, dv))):
-        if math.prod(shape) > MAX_ELEMENTS:
-            raise ShapeError(
-                f"{name} would hold {math.prod(shape):.3g} elements (batch, heads, N, D) = {shape}, "
-                f"beyond the {MAX_ELEMENTS:.3g} an array can index"
-            )
     return Sizes(nq, nk, dk, dv, h, hkv, b, dtype)
+
+
+def runnable(s: Sizes) -> bool:
+    """Whether a call of these sizes could run at all (every axis and input within what a call
+    indexes); else the estimate is its formulas alone."""
+    shapes = ((s.b, s.h, s.nq, s.dk), (s.b, s.hkv, s.nk, s.dk), (s.b, s.hkv, s.nk, s.dv), (s.b, s.h, s.nq, s.dv))
+    return max(*s[:7]) <= MAX_SIZE and all(math.prod(x) <= MAX_ELEMENTS for x in shapes)
+
+
+def check_countable(mask: Any, nq: int, nk: int, block_q: int, block_k: int) -> None:
+    """``ArgumentError`` when counting the tiles ``mask`` keeps would classify more than
+    ``MAX_TILE_ROWS`` rows of tiles (or, for a mask without row intervals, as many tiles)."""
+    rows = -(-nq // block_q)
+    tiles = rows if mask.rows is not None else rows * -(-nk // block_k)
+    if tiles > MAX_TILE_ROWS:
+        what = "rows of tiles" if mask.rows is not None else "tiles"
+        raise ArgumentError(
+            f"counting the tiles mask {mask.name} keeps at Nq = {nq}, Nk = {nk} would classify {tiles:.3g} {what} "
+            f"({block_q} x {block_k} tiles), beyond the {MAX_TILE_ROWS} an estimate counts: estimate without the "
+            "mask (every pair: an upper bound) or at a smaller size"
+        )
 
 
 def compute_itemsize(dtype: str) -> int:
@@ -99,11 +121,15 @@ def tile_pairs(mask: Any, nq: int, nk: int, block_q: int, block_k: int) -> tuple
     tiles are classified ``CHUNK`` at a time (bounded memory, time O(tiles))."""
     if mask is None:
         return nq * nk, False
-    rt = row_tiles(mask, nq, nk, block_q, block_k)
-    if rt is not None:
-        kept = kept_pairs(rt, nk, block_k)
-        return kept, kept > full_pairs(rt, nk, block_k)
     nbq, nbk = -(-nq // block_q), -(-nk // block_k)
+    if mask.rows is not None:  # CHUNK rows of tiles at a time: bounded memory at any length
+        kept = full = 0
+        for r0 in range(0, nbq, CHUNK):
+            rt = row_tiles(mask, nq, nk, block_q, block_k, (r0, min(nbq, r0 + CHUNK)))
+            assert rt is not None
+            kept += kept_pairs(rt, nk, block_k)
+            full += full_pairs(rt, nk, block_k)
+        return kept, kept > full
     cols = edges(nk, block_k)
     step = max(1, CHUNK // nbk)
     pairs, partial = 0, False

@@ -26,11 +26,15 @@ class RowTiles(NamedTuple):
     height: np.ndarray
 
 
-def row_tiles(mask: Mask, nq: int, nk: int, block_q: int, block_k: int) -> RowTiles | None:
-    """The kept and FULL key tiles of each row of tiles, or None when ``mask`` has no ``rows``."""
+def row_tiles(
+    mask: Mask, nq: int, nk: int, block_q: int, block_k: int, tile_rows: tuple[int, int] | None = None
+) -> RowTiles | None:
+    """The kept and FULL key tiles of each row of tiles (of the rows of tiles ``[r0, r1)`` when
+    ``tile_rows`` is given), or None when ``mask`` has no ``rows``."""
     if mask.rows is None:
         return None
-    q0 = np.arange(0, nq, block_q, dtype=np.int64)
+    r0, r1 = (0, -(-nq // block_q)) if tile_rows is None else tile_rows
+    q0 = np.arange(r0, r1, dtype=np.int64) * block_q
     q_last = np.minimum(q0 + block_q, nq) - 1
     lo0, hi0 = (np.asarray(x, dtype=np.int64) for x in mask.rows(q0, nq, nk))
     lo1, hi1 = (np.asarray(x, dtype=np.int64) for x in mask.rows(q_last, nq, nk))
