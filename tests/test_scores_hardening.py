@@ -271,6 +271,52 @@ def test_from_fn_results_that_are_not_float_scores_are_a_dtype_error(result, kin
         qkv.attention(q, k, v, score_mod=scores.from_fn(result), impl=impl)
 
 
+def _other_library(s, b, h, q_idx, kv_idx):
+    """``s`` as an array of another library: NumPy for torch scores, torch for NumPy ones."""
+    import torch
+
+    return s.detach().numpy() if isinstance(s, torch.Tensor) else torch.from_numpy(np.asarray(s))
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+@pytest.mark.parametrize("impl", ["reference", "flash", "auto"])
+@pytest.mark.parametrize(
+    "library,where,other",
+    [("numpy", "fn", "a torch tensor"), ("torch", "fn", "a NumPy array"), ("numpy", "grad", "a torch tensor")],
+)  # (torch differentiates fn itself: its grad= is never called)
+def test_from_fn_results_of_another_array_library_are_a_dtype_error(impl, library, where, other, rng):
+    import torch
+
+    q, k, v = make_qkv(rng, (1, 2, 4, 8), (1, 2, 4, 8))
+    if library == "torch":
+        q, k, v = (torch.tensor(x) for x in (q, k, v))
+    same = lambda s, b, h, i, j: 2 * s  # noqa: E731
+    fn, grad = (_other_library, same) if where == "fn" else (same, _other_library)
+    mod = scores.from_fn(fn, grad=grad, name="from_fn(mine)")
+    with pytest.raises(qkv.errors.DTypeError, match=rf"from_fn\(mine\): {where} returned {other} for {library} scores"):
+        out, lse = qkv.attention(q, k, v, score_mod=mod, impl=impl, return_lse=True)
+        qkv.attention_backward(np.ones_like(out), q, k, v, out, lse, score_mod=mod, impl=impl)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+@pytest.mark.parametrize("impl", ["reference", "flash"])
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_from_fn_float_results_of_another_precision_take_the_scores_dtype(impl, library, dtype, rng):
+    # 0.1 * (q_idx - kv_idx) is float64 in NumPy, float32 in torch: either way the call keeps its dtype
+    import torch
+
+    q, k, v = (x.astype(dtype) for x in make_qkv(rng, (1, 2, 5, 8), (1, 2, 5, 8)))
+    golden = O.attention_oracle(q, k, v, score_fn=lambda s, h, i, j, nq, nk: s - 0.1 * (i - j))[0]
+    args = (q, k, v) if library == "numpy" else tuple(torch.tensor(x) for x in (q, k, v))
+    fn = lambda s, b, h, i, j: s - 0.1 * (i - j)  # noqa: E731
+    mod = scores.from_fn(fn, grad=lambda s, b, h, i, j: 1.0 + 0 * s)
+    out = qkv.attention(*args, score_mod=mod, impl=impl)
+    assert str(out.dtype).removeprefix("torch.") == dtype
+    # torch computes 0.1 * (q_idx - kv_idx) in float32 (its default dtype), also for float64 scores
+    assert_close(out, golden, tol=1e-12 if dtype == "float64" and library == "numpy" else 1e-5)
+
+
 @pytest.mark.parametrize("impl,engine", [e for e in ENGINES if e.id != "compiled-engine"])
 def test_a_relative_bias_table_with_minus_inf_hides_that_distance_on_every_engine(impl, engine, rng):
     q, k, v = make_qkv(rng, (1, 2, 5, 4), (1, 2, 6, 4))

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from .._backend import from_numpy, is_jax, is_torch
+from .._backend import from_numpy, is_jax, is_torch, namespace
+from .._backend import kind as kind_of
 from .._typing import Array
 from ..errors import ArgumentError, DTypeError, ShapeError
 from ._mod import Grad, ScoreMod
@@ -41,7 +42,9 @@ def from_fn(fn: Callable[..., Any], grad: Callable[..., Any] | None = None, *, n
     ``score`` is a tile of scaled scores ``(*B, H, rows, cols)`` (the array library of the call);
     ``b (*B, 1, 1, 1)``, ``h (H, 1, 1)``, ``q_idx (rows, 1)``, ``kv_idx (1, cols)`` are
     broadcasting int arrays of the same library (absolute row and column indices; ``b`` the
-    flattened batch index). The result must broadcast to ``score``'s shape. ``grad``, with the
+    flattened batch index). The result must broadcast to ``score``'s shape, in ``score``'s array
+    library; a float result of another precision is cast to ``score``'s dtype, anything else
+    (ints, bools, complex, another library's arrays, lists) is a ``DTypeError`` naming the mod. ``grad``, with the
     same signature, gives ``d fn / d score`` for NumPy arrays; torch and JAX differentiate
     ``fn`` themselves. With torch tensors that need gradients, only ``impl="reference"`` runs
     the mod (``fn`` may close over tensors autograd must see); ``"auto"`` picks it.
@@ -63,8 +66,16 @@ def from_fn(fn: Callable[..., Any], grad: Callable[..., Any] | None = None, *, n
                 f"{label}: {what} returned {kind}; a score mod returns float scores of the score's shape, "
                 "e.g. lambda score, b, h, q_idx, kv_idx: score - 0.1 * (q_idx - kv_idx)"
             )
-        if not hasattr(out, "shape"):
-            out = s * 0 + out  # a constant
+        if not hasattr(out, "shape") or isinstance(out, np.generic):
+            out = s * 0 + float(out)  # a constant (a Python or NumPy real)
+        if kind_of(out) != kind_of(s):  # a NumPy array for torch scores, or the reverse: its ops would fail
+            names = {"numpy": "a NumPy array", "torch": "a torch tensor", "jax": "a JAX array"}
+            raise DTypeError(
+                f"{label}: {what} returned {names[kind_of(out)]} for {kind_of(s)} scores; a score mod computes "
+                f"with the score's own library (the index arrays b, h, q_idx, kv_idx are {kind_of(s)} too)"
+            )
+        if out.dtype != s.dtype:  # index arithmetic promotes (0.1 * (q_idx - kv_idx) is float64 in NumPy)
+            out = namespace(s=s).astype(out, s.dtype)
         try:
             ok = tuple(np.broadcast_shapes(tuple(out.shape), tuple(s.shape))) == tuple(s.shape)
         except ValueError:
