@@ -652,7 +652,15 @@ int main() {
   };
   std::printf("ISA paths:");
   for (const KernelTable* t : runnable()) std::printf(" %s", t->name);
-  std::printf("\n");
+  std::printf(" (default: %s)\n", current()->name);
+#if defined(__aarch64__)
+  // An arm64 build must check its NEON path, the one the module runs by default: a CPU detection
+  // that fell back to "portable" would otherwise pass every case below on the portable path alone.
+  if (!find_table("neon") || std::strcmp(current()->name, "neon") != 0) {
+    std::printf("FAILED: an arm64 build must run the neon path, but runs %s\n", current()->name);
+    return 1;
+  }
+#endif
   uint64_t seed = 1;
   for (const Case& c : cases) run_case(c, seed++);
   std::printf(failures ? "%d FAILED\n" : "all passed\n", failures);
