@@ -106,7 +106,14 @@ def test_float8_per_token_quantize_matches_ml_dtypes(fmt):
 def test_torch_quantize_equals_numpy_bit_for_bit(fmt, dtype):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(3)
-    t = torch.from_numpy(_values(rng, (2, 4, 13, 8))).to(getattr(torch, dtype))
+    x = _values(rng, (2, 4, 13, 8))
+    x[0, 0, :6] = 0.0  # special tokens: zeros, -0, a NaN, an inf, the largest floats, a subnormal
+    x[0, 0, 1, ::2] = -0.0
+    x[0, 0, 2, 3], x[0, 0, 3, 1] = np.nan, -np.inf
+    x[0, 0, 4] = np.finfo(np.float32).max * np.linspace(-1, 1, 8, dtype=np.float32)
+    x[0, 0, 5] = np.float32(1e-40) * np.arange(8, dtype=np.float32)
+    x[0, 1, 0] = -x[0, 1, 0]
+    t = torch.from_numpy(x).to(getattr(torch, dtype))
     x = t.to(torch.float32).numpy()  # the values torch quantizes, as float32
     want, got = qkv.quantize(x, fmt), qkv.quantize(t, fmt)
     assert got.values.dtype == (torch.int8 if fmt == "int8" else getattr(torch, fmt))
@@ -114,6 +121,9 @@ def test_torch_quantize_equals_numpy_bit_for_bit(fmt, dtype):
     np.testing.assert_array_equal(got.values.view(torch.uint8).numpy(), want.values.view(np.uint8))
     np.testing.assert_array_equal(got.scales.numpy(), want.scales)
     np.testing.assert_array_equal(qkv.dequantize(got).numpy(), qkv.dequantize(want))
+    if dtype == "float32":  # the special tokens above reached the comparison intact
+        assert np.isnan(want.scales[0, 0, 2:4]).all() and want.scales[0, 0, 0] == 0
+        assert np.isfinite(qkv.dequantize(want)[0, 0, 4]).all()
     assert qkv.dequantize(got).dtype == torch.float32 and qkv.dequantize(want).dtype == np.float32
 
 

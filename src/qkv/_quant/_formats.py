@@ -50,6 +50,21 @@ SCALES = ("token", "head")
 """``scale=`` of ``qkv.quantize``: one scale per (kv head, token), or one per kv head."""
 
 
+def _largest_scale(qmax: float) -> float:
+    f32 = np.float32
+    s = f32(np.finfo(np.float32).max) / f32(qmax)
+    with np.errstate(over="ignore"):
+        while not np.isfinite(f32(s * f32(qmax))):
+            s = np.nextafter(s, f32(0))
+    return float(s)
+
+
+LARGEST_SCALE: dict[str, float] = {name: _largest_scale(f.qmax) for name, f in FORMATS.items()}
+"""The largest float32 scale whose product with ``qmax`` stays finite in float32, per format: the
+scale of a token near float32's largest value is clipped to it, so its largest code dequantizes
+finite. (Constants: traced programs read them without running NumPy.)"""
+
+
 def check_format(dtype: Any, name: str = "dtype") -> Format:
     """The ``Format`` named by ``dtype``: ``"int8"``, ``"float8_e4m3fn"``, ``"float8_e5m2"``, or a
     NumPy / torch / JAX dtype of that name."""

@@ -28,7 +28,7 @@ import numpy as np
 from .._backend import as_array, dtype_name, is_floating, is_jax, is_torch, is_traced, namespace
 from .._checks import check_choice
 from ..errors import ArgumentError, DTypeError, ShapeError
-from ._formats import SCALES, Format, check_format, decode_fp8, encode_fp8
+from ._formats import LARGEST_SCALE, SCALES, Format, check_format, decode_fp8, encode_fp8
 from ._quantized import Quantized
 
 
@@ -60,7 +60,7 @@ def quantize(x: Any, dtype: Any, *, scale: str = "token") -> Quantized:
         import torch
 
         with torch.no_grad():
-            return _quantize(x.detach(), f, per)
+            return _quantize_torch(x.detach(), f) if per == "token" else _quantize(x.detach(), f, per)
     if is_jax(x) and not is_traced(x):
         return _from_numpy(quantize(np.asarray(x), f.name, scale=per))
     with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN are handled as values, never warned about
@@ -104,9 +104,8 @@ def _quantize(x: Any, f: Format, per: str) -> Quantized:
     else:  # per head: the head's finite values set the scale
         amax = xp.max(xp.where(finite, xp.abs(xf), xp.asarray(0.0, dtype=xp.float32)), axis=(-2, -1), keepdims=True)
     qmax = xp.asarray(f.qmax, dtype=xp.float32)
-    s = amax / qmax
-    # near float32's largest value, qmax · s may round past it: one step down keeps the largest code finite
-    s = xp.where(xp.isinf(s * qmax) & xp.isfinite(s), xp.nextafter(s, xp.zeros_like(s)), s)
+    # near float32's largest value qmax · s may round past it: the scale stops where it stays finite
+    s = xp.minimum(amax / qmax, xp.asarray(LARGEST_SCALE[f.name], dtype=xp.float32))
     usable = s > 0  # False for 0 (zeros, underflow) and NaN (a non-finite token)
     q = xf / xp.where(usable, s, xp.asarray(1.0, dtype=xp.float32))
     if f.is_float:
@@ -118,7 +117,23 @@ def _quantize(x: Any, f: Format, per: str) -> Quantized:
         q = xp.where(usable, q, zero)
     else:
         q = xp.where(usable | ~finite, q, zero)  # a head of zeros: zeros; its non-finite values stay
-    return Quantized(_codes(q, f), s[..., 0] if per == "token" else s[..., 0], f.name)
+    return Quantized(_codes(q, f), s[..., 0], f.name)
+
+
+def _quantize_torch(x: Any, f: Format) -> Quantized:
+    """``_quantize`` per token for torch in a dozen operations (it runs for every layer of every
+    decode step): the same rule, the same bits (``tests/test_quantize.py`` compares them)."""
+    import torch
+
+    xf = x.to(torch.float32)
+    amax = xf.abs().amax(-1, keepdim=True)  # NaN or inf for a non-finite token
+    s = amax / f.qmax
+    s = torch.where(torch.isfinite(s), s, torch.nan).clamp_(max=LARGEST_SCALE[f.name])  # inf: NaN; clamp keeps NaN
+    usable = s > 0
+    q = xf / torch.where(usable, s, 1.0)
+    q = q.clamp_(-f.qmax, f.qmax) if f.is_float else q.round_().clamp_(-f.qmax, f.qmax)
+    q = torch.where(usable, q, 0.0)
+    return Quantized(q.to(torch.int8 if f.name == "int8" else getattr(torch, f.name)), s[..., 0], f.name)
 
 
 def _like(a: Any, x: Any) -> Any:
