@@ -6,7 +6,9 @@
 // GQA sum happens here, no K/V copy), and walks the query blocks with
 //   S^T = K Q^T, P^T = exp2(S^T - lse), dP^T = V dO^T, dS^T = P^T o (dP^T - D)   (Alg. 2 l. 11-16)
 //   dV += P^T dO,  dK += dS^T Q,  dQ += dS K                                       (l. 12, 17, 18)
-// with D_i = rowsum(dO o O) - dlse_i in float64 (row_delta).
+// with D_i = rowsum(dO o O) - dlse_i in float64 (row_delta). The loop (bwd_tiles) runs over a Dot
+// policy holding the operand layouts and the five matmuls: WideBwd below (compute-type operands,
+// microkernel.hpp), or kernels_avx512bf16.cpp's Bf16Bwd (bf16 operands on vdpbf16ps).
 //
 // Non-finite numbers (finite.hpp): non-finite K/V rows are zeroed in the tile copies, so a hidden
 // one never reaches a gradient. A row whose forward was NaN (lse NaN), or whose q, dO, D or an
@@ -29,12 +31,15 @@ struct BwdBufs {
   using C = typename Compute<T>::type;
   C *kc, *vc, *dka, *dva, *qs, *dos, *qt, *dot, *pt, *dst, *dfac, *addt, *zt, *dqt;
   C *dkc, *dvc;                          // the Kahan carries of dK, dV (microkernel.hpp)
+  uint16_t *kpair, *dspair;              // bf16 dot products only (kernels_avx512bf16.cpp): K, dS^T key pairs
   static constexpr int64_t W = kBlockQ;  // row stride of the block-wide P^T / dS^T tiles
+  static constexpr bool kPairs = std::is_same_v<T, bf16_t>;
   static size_t bytes(const Params& P) {
     const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes);
     const int64_t e = 2 * P.bk * dkp + 2 * P.bk * dvp + W * dkp + W * dvp + 4 * P.Dk * kLanes + 4 * P.Dv * kLanes +
-                      2 * P.bk * W + 3 * P.bk * kLanes + 4 * P.Dk * kLanes + P.bk * dkp + P.bk * dvp;
-    return size_t(e) * sizeof(C) + 20 * 64;
+                      4 * P.bk * W + P.bk * kLanes + W * dkp + P.bk * dkp + P.bk * dvp;
+    const int64_t pairs = kPairs ? round_up(P.bk, 2) * dkp + 4 * round_up(P.bk, 2) * kLanes : 0;
+    return size_t(e) * sizeof(C) + size_t(pairs) * sizeof(uint16_t) + 22 * 64;
   }
   void carve(const Params& P, char* p) {
     Carver c{p};
@@ -49,12 +54,14 @@ struct BwdBufs {
     dot = c.take<C>(4 * P.Dv * kLanes);
     pt = c.take<C>(P.bk * W);
     dst = c.take<C>(P.bk * W);
-    dfac = c.take<C>(P.bk * kLanes);
-    addt = c.take<C>(P.bk * kLanes);
+    dfac = c.take<C>(P.bk * W);
+    addt = c.take<C>(P.bk * W);  // each lane group's additive tile [BK][16]
     zt = c.take<C>(P.bk * kLanes);
-    dqt = c.take<C>(4 * P.Dk * kLanes);  // one dQ^T share per lane group, added in order
+    dqt = c.take<C>(W * dkp);  // the block's dQ rows of this tile, added in order
     dkc = c.take<C>(P.bk * dkp);
     dvc = c.take<C>(P.bk * dvp);
+    kpair = c.take<uint16_t>(kPairs ? round_up(P.bk, 2) * dkp : 0);
+    dspair = c.take<uint16_t>(kPairs ? 4 * round_up(P.bk, 2) * kLanes : 0);
   }
 };
 
@@ -194,34 +201,131 @@ static inline typename Compute<T>::type row_delta(const Params& P, int64_t b, in
   return C(acc);
 }
 
+// The dot products of the backward tile loop below (bwd_tiles), on compute-type operands:
+// microkernel.hpp's gemm16 / gemm16x2 on K and V read in place (widened per tile when stored
+// narrower), Q^T and dO^T [D][16] per lane group and the block's Q, dO rows. kernels_avx512bf16.cpp
+// has another with the same members (vdpbf16ps on bf16 pairs). bwd_tiles makes one per key tile:
+//   tile(b, g, j0, jn, bk, bv)   K, V rows [j0, j0 + jn) of (b, g) ready, non-finite rows zeroed
+//                                (and marked in bk / bv)
+//   row(r, q, dO)                row r of the query block; false (and zeros) when not finite
+//   rows_done(nr, rq)            after the block's nr rows; rq: rows of whole lane groups
+//   lane_group(lg)               lane group lg's Q^T, dO^T from the block's rows
+//   scores(c, lg, two, a, n)     S^T of lane group lg (and lg + 1) for keys [a, a + n) into c
+//                                (row stride W; lane group lg + 1's columns follow lg's)
+//   dpt(c, lg, two, a, n)        dP^T = V dO^T likewise
+//   dq(lg, two, a, n)            dQ = dS K of lg (and lg + 1) from S.dst: rows lg 16 + l of S.dqt
+//   dkv(dka, dva, ja, jz, rq)    dK += dS^T Q, dV += P^T dO over keys [ja, jz) and the block's rq
+//                                rows, each block's sum added compensated (microkernel.hpp)
+//   kKeyStep                     a lane group's keys start at a multiple of it (2: the bf16 dQ
+//                                pairs keys from the tile's start)
+template <class T>
+struct WideBwd {
+  using C = typename Compute<T>::type;
+  using V = typename VecOf<C>::V;
+  static constexpr int64_t kKeyStep = 1;
+  static constexpr int64_t W = BwdBufs<T>::W;
+  const Params* P;
+  BwdBufs<T>* S;
+  const C* kp = nullptr;
+  const C* vp = nullptr;
+  int64_t ldk = 0, ldv = 0, dkp = 0, dvp = 0;
+
+  void tile(int64_t b, int64_t g, int64_t j0, int64_t jn, TileRows& bk, TileRows& bv) {
+    dkp = round_up(P->Dk, kLanes);
+    dvp = round_up(P->Dv, kLanes);
+    // K, V read in place when already in the compute type and finite (as the forward does: the
+    // copies stay untouched, no memory); widened or with non-finite rows zeroed into S.kc / S.vc.
+    // K rows padded to whole vectors (zeros) for dQ, where they are the vector operand.
+    kp = kv_tile<T, C>(P->k, b, g, j0, jn, P->Dk, S->kc, dkp, P->Dk != dkp, ldk);
+    vp = kv_tile<T, C>(P->v, b, g, j0, jn, P->Dv, S->vc, dvp, false, ldv);
+    if (scan_rows(kp, ldk, jn, P->Dk, bk)) {
+      kp = zeroed_rows(kp, ldk, jn, P->Dk, bk, S->kc, dkp);
+      ldk = dkp;
+    }
+    if (scan_rows(vp, ldv, jn, P->Dv, bv)) {
+      vp = zeroed_rows(vp, ldv, jn, P->Dv, bv, S->vc, dvp);
+      ldv = dvp;
+    }
+  }
+  bool row(int64_t r, const T* qrow, const T* drow) {
+    C* qd = S->qs + r * dkp;
+    C* dd = S->dos + r * dvp;
+    for (int64_t d = 0; d < P->Dk; ++d) qd[d] = to_c<C>(qrow[d]);
+    for (int64_t d = 0; d < P->Dv; ++d) dd[d] = to_c<C>(drow[d]);
+    if (all_finite(qd, P->Dk) && all_finite(dd, P->Dv)) return true;
+    std::memset(static_cast<void*>(qd), 0, sizeof(C) * size_t(P->Dk));
+    std::memset(static_cast<void*>(dd), 0, sizeof(C) * size_t(P->Dv));
+    return false;
+  }
+  void rows_done(int64_t nr, int64_t rq) {  // zero rows up to whole lane groups (padding stays zero)
+    std::memset(static_cast<void*>(S->qs + nr * dkp), 0, sizeof(C) * size_t((rq - nr) * dkp));
+    std::memset(static_cast<void*>(S->dos + nr * dvp), 0, sizeof(C) * size_t((rq - nr) * dvp));
+  }
+  void lane_group(int lg) {
+    C* qt = S->qt + lg * P->Dk * kLanes;
+    C* dot = S->dot + lg * P->Dv * kLanes;
+    const C qf = C(q_prescale(*P));
+    for (int64_t d = 0; d < P->Dk; ++d)
+      for (int l = 0; l < kLanes; ++l) qt[d * kLanes + l] = S->qs[(lg * kLanes + l) * dkp + d] * qf;
+    for (int64_t d = 0; d < P->Dv; ++d)
+      for (int l = 0; l < kLanes; ++l) dot[d * kLanes + l] = S->dos[(lg * kLanes + l) * dvp + d];
+  }
+  void scores(C* c, int lg, bool two, int64_t a, int64_t n) const {
+    const C* qt = S->qt + lg * P->Dk * kLanes;
+    if (two)
+      gemm16x2(c, c + kLanes, W, kp + a * ldk, ldk, 1, qt, qt + P->Dk * kLanes, kLanes, n, P->Dk);
+    else
+      gemm16<false>(c, W, kp + a * ldk, ldk, 1, qt, kLanes, n, P->Dk);
+  }
+  void dpt(C* c, int lg, bool two, int64_t a, int64_t n) const {
+    const C* dot = S->dot + lg * P->Dv * kLanes;
+    if (two)
+      gemm16x2(c, c + kLanes, W, vp + a * ldv, ldv, 1, dot, dot + P->Dv * kLanes, kLanes, n, P->Dv);
+    else
+      gemm16<false>(c, W, vp + a * ldv, ldv, 1, dot, kLanes, n, P->Dv);
+  }
+  void dq(int lg, bool two, int64_t a, int64_t n) const {
+    C* c = S->dqt + lg * kLanes * dkp;
+    const C* ds = S->dst + a * W + lg * kLanes;  // row m of dS: column m of dS^T (two lane groups adjacent)
+    const C* kr = kp + a * ldk;
+    const int64_t m = two ? 2 * kLanes : kLanes, nc = dkp / kLanes;
+    int64_t x = 0;
+    for (; x + 2 <= nc; x += 2)
+      gemm16x2(c + x * kLanes, c + (x + 1) * kLanes, dkp, ds, 1, W, kr + x * kLanes, kr + (x + 1) * kLanes, ldk, m, n);
+    if (x < nc) gemm16<false>(c + x * kLanes, dkp, ds, 1, W, kr + x * kLanes, ldk, m, n);
+  }
+  void dkv(C* dka, C* dva, int64_t ja, int64_t jz, int64_t rq) const {
+    const V one = vset1<V>(C(1));
+    const int64_t nj = jz - ja;
+    for (int64_t c = 0; c < dvp / kLanes; ++c)
+      gemm16_kahan(dva + ja * dvp + c * kLanes, S->dvc + ja * dvp + c * kLanes, dvp, S->pt + ja * W, W, 1,
+                   S->dos + c * kLanes, dvp, nj, rq, one);
+    for (int64_t c = 0; c < dkp / kLanes; ++c)
+      gemm16_kahan(dka + ja * dkp + c * kLanes, S->dkc + ja * dkp + c * kLanes, dkp, S->dst + ja * W, W, 1,
+                   S->qs + c * kLanes, dkp, nj, rq, one);
+  }
+};
+
 // One key tile: dK, dV of keys [j0, j0 + jn) of (b, g); dQ contributions added to dq in order.
 // Exact ranges: only the query blocks whose rows can see the tile are visited (RowBlocks, tile
 // classes), and in each, every lane group computes S^T, P^T, dP^T, dS^T and its dQ share only over
 // the keys [a, z) its 16 rows may see (the union of their intervals, as the forward's lane groups
 // walk theirs); the block's dK / dV sums run over the union of those. A causal diagonal tile costs
-// then about half a tile, and a narrow band only its band.
-template <class T>
-static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_t b, int64_t g, int64_t kb,
-                     const RowBlocks& rb, const DqOrder& order, typename Compute<T>::type* dq, uint8_t* row_nan) {
+// then about half a tile, and a narrow band only its band. Two lane groups that both see the tile
+// go together over the union of their keys (one broadcast of K or V feeds both, as the forward's
+// pairs): the keys one of them may not see come out P = 0, dS = 0, adding nothing to any sum.
+template <class Dot, class T>
+__attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_t b,
+                                                int64_t g, int64_t kb, const RowBlocks& rb, const DqOrder& order,
+                                                typename Compute<T>::type* dq, uint8_t* row_nan) {
   using C = typename Compute<T>::type;
   using V = typename VecOf<C>::V;
   constexpr int64_t W = BwdBufs<T>::W;
   const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes);
   const int64_t j0 = kb * P.bk, jn = imin(P.bk, P.Nk - j0), group = P.H / P.Hkv;
-  int64_t ldk, ldv;
-  // K, V read in place when already in the compute type and finite (as the forward does: the copies
-  // stay untouched, no memory); widened or with non-finite rows zeroed into S.kc / S.vc otherwise
-  const C* kp = kv_tile<T, C>(P.k, b, g, j0, jn, P.Dk, S.kc, dkp, false, ldk);
-  const C* vp = kv_tile<T, C>(P.v, b, g, j0, jn, P.Dv, S.vc, dvp, false, ldv);
+  Dot dot{&P, &S};
   TileRows bad_k, bad_v;
-  if (scan_rows(kp, ldk, jn, P.Dk, bad_k)) {
-    kp = zeroed_rows(kp, ldk, jn, P.Dk, bad_k, S.kc, dkp);
-    ldk = dkp;
-  }
-  if (scan_rows(vp, ldv, jn, P.Dv, bad_v)) {
-    vp = zeroed_rows(vp, ldv, jn, P.Dv, bad_v, S.vc, dvp);
-    ldv = dvp;
-  }
+  dot.tile(b, g, j0, jn, bad_k, bad_v);
   uint8_t key_nan[kBlockK] = {};  // keys attended by a row that sends NaN
   // dK, dV summed in the output rows themselves when their rows need no padding (Dk, Dv multiples
   // of 16, the usual head sizes): the scratch copies are then never touched (no memory)
@@ -244,7 +348,7 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_
   const V ninf = vset1<V>(C(-INFINITY));
   LaneGroup lgs[4];
   TileMask tm[4];
-  ModLanes<C> ml;
+  ModLanes<C> ml[4];
   const int64_t nbq = (P.Nq + P.bq - 1) / P.bq;
   for (int64_t h = g * group; h < (g + 1) * group; ++h) {
     for (int64_t qb = 0; qb < nbq; ++qb) {
@@ -257,7 +361,7 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_
       order.publish(tid, it, sub);                     // every block before it is added or not ours
       const int64_t i0 = qb * P.bq, nr = imin(P.bq, P.Nq - i0);
       const int nlg = int((nr + kLanes - 1) / kLanes);
-      int64_t ra[4], rz[4], ja = jn, jz = 0;  // each lane group's keys [ra, rz), their union [ja, jz)
+      int64_t ra[4], rz[4];  // each lane group's own keys [ra, rz)
       for (int lg = 0; lg < nlg; ++lg) {
         LaneGroup& L = lgs[lg];
         L.b = b;
@@ -279,157 +383,166 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_
               rz[lg] = imax(rz[lg], tm[lg].hi[l]);
             }
         }
-        if (ra[lg] >= rz[lg]) {
-          tm[lg].mode = TILE_SKIP;
-          continue;
+        if (ra[lg] >= rz[lg]) tm[lg].mode = TILE_SKIP;
+      }
+      // the keys [ca, cz) each lane group is computed over: its own, or its pair's union, from a
+      // multiple of the Dot's key step; their union [ja, jz)
+      int64_t ca[4], cz[4], ja = jn, jz = 0;
+      for (int lg = 0; lg < nlg; lg += 2) {
+        const bool on0 = tm[lg].mode != TILE_SKIP, on1 = lg + 1 < nlg && tm[lg + 1].mode != TILE_SKIP;
+        int64_t a = on0 ? ra[lg] : (on1 ? ra[lg + 1] : 0), z = on0 ? rz[lg] : (on1 ? rz[lg + 1] : 0);
+        if (on0 && on1) {
+          a = imin(a, ra[lg + 1]);
+          z = imax(z, rz[lg + 1]);
         }
-        ja = imin(ja, ra[lg]);
-        jz = imax(jz, rz[lg]);
+        a = a / Dot::kKeyStep * Dot::kKeyStep;
+        for (int x = lg; x < lg + 2 && x < nlg; ++x) {
+          ca[x] = tm[x].mode == TILE_SKIP ? 0 : a;
+          cz[x] = tm[x].mode == TILE_SKIP ? 0 : z;
+        }
+        if ((on0 || on1) && a < z) {
+          ja = imin(ja, a);
+          jz = imax(jz, z);
+        }
       }
       if (ja >= jz) continue;
-      // Q and dO rows of the block, zero-padded to dkp / dvp and to whole lane groups
-      std::memset(static_cast<void*>(S.qs), 0, sizeof(C) * size_t(W * dkp));
-      std::memset(static_cast<void*>(S.dos), 0, sizeof(C) * size_t(W * dvp));
+      // Q and dO rows of the block, and D_i = rowsum(dO o O) - dlse_i
       uint8_t row_bad[kBlockQ] = {}, dq_nan[kBlockQ] = {};
-      alignas(64) C drow_dot[kBlockQ];  // D_i = rowsum(dO o O) - dlse_i
+      alignas(64) C drow_dot[kBlockQ];
       for (int64_t r = 0; r < nr; ++r) {
         const T* qrow = q + b * P.q.s0 + h * P.q.s1 + (i0 + r) * P.q.s2;
         const T* drow = dout + b * P.dout_s.s0 + h * P.dout_s.s1 + (i0 + r) * P.dout_s.s2;
-        C* qd = S.qs + r * dkp;
-        C* dd_ = S.dos + r * dvp;
-        for (int64_t d = 0; d < P.Dk; ++d) qd[d] = to_c<C>(qrow[d]);
-        for (int64_t d = 0; d < P.Dv; ++d) dd_[d] = to_c<C>(drow[d]);
+        row_bad[r] = uint8_t(!dot.row(r, qrow, drow));
         drow_dot[r] = row_delta<T>(P, b, h, i0 + r, drow);
-        if (!all_finite(qd, P.Dk) || !all_finite(dd_, P.Dv)) {
-          row_bad[r] = 1;
-          std::memset(static_cast<void*>(qd), 0, sizeof(C) * size_t(P.Dk));
-          std::memset(static_cast<void*>(dd_), 0, sizeof(C) * size_t(P.Dv));
-        }
       }
+      dot.rows_done(nr, int64_t(nlg) * kLanes);
+      // outside its own computed keys, a lane group's columns of the block-wide P^T, dS^T are zero
       for (int lg = 0; lg < nlg; ++lg) {
-        const LaneGroup& L = lgs[lg];
-        C* pt = S.pt + lg * kLanes;
-        C* dst = S.dst + lg * kLanes;
-        const int64_t a = tm[lg].mode == TILE_SKIP ? ja : ra[lg], z = tm[lg].mode == TILE_SKIP ? ja : rz[lg];
-        // outside its own keys, the lane group's columns of the block-wide P^T, dS^T are zero
+        const int64_t a = cz[lg] > ca[lg] ? ca[lg] : jz, z = cz[lg] > ca[lg] ? cz[lg] : jz;
         for (int64_t jj = ja; jj < a; ++jj) {
-          vstore(pt + jj * W, vzero<V>());
-          vstore(dst + jj * W, vzero<V>());
+          vstore(S.pt + jj * W + lg * kLanes, vzero<V>());
+          vstore(S.dst + jj * W + lg * kLanes, vzero<V>());
         }
         for (int64_t jj = z; jj < jz; ++jj) {
-          vstore(pt + jj * W, vzero<V>());
-          vstore(dst + jj * W, vzero<V>());
+          vstore(S.pt + jj * W + lg * kLanes, vzero<V>());
+          vstore(S.dst + jj * W + lg * kLanes, vzero<V>());
         }
-        if (tm[lg].mode == TILE_SKIP) continue;
-        C* qt = S.qt + lg * P.Dk * kLanes;
-        C* dot = S.dot + lg * P.Dv * kLanes;
-        const C qf = C(q_prescale(P));
-        for (int64_t d = 0; d < P.Dk; ++d)
-          for (int l = 0; l < kLanes; ++l) qt[d * kLanes + l] = S.qs[(lg * kLanes + l) * dkp + d] * qf;
-        for (int64_t d = 0; d < P.Dv; ++d)
-          for (int l = 0; l < kLanes; ++l) dot[d * kLanes + l] = S.dos[(lg * kLanes + l) * dvp + d];
-        uint8_t fl[kLanes] = {};
-        mod_lanes_init(P, L, ml);
-        const bool has_add = build_additive(P, L, tm[lg], j0, jn, S.addt, fl);
-        flag_attending(P, L, tm[lg], j0, jn, bad_k, bad_v, fl);
-        alignas(64) C lse2[kLanes], lse2_lo[kLanes], dd[kLanes];
-        for (int l = 0; l < kLanes; ++l) {
-          const int64_t row = (b * P.H + h) * P.Nq + L.i[l];
-          const C x = l < L.n ? lse[b * P.lse_s.s0 + h * P.lse_s.s1 + L.i[l] * P.lse_s.s2] : C(-INFINITY);
-          const C dx = l < L.n ? drow_dot[lg * kLanes + l] : C(0);
-          bool sends_nan =
-              l < L.n && (fl[l] || row_bad[lg * kLanes + l] || !(x == x) || x == C(INFINITY) || !std::isfinite(dx));
-          // a row that saw no key (lse = -inf) must get P = 0: exp2(s - inf); so does one sending NaN
-          // lse in the scores' units (mods.hpp): natural as it is; in log2 units as hi + lo, since
-          // rounded to one float lse log2 e would shift every P of the row by up to half its ulp
-          // (3.8e-6 relative at |lse| ~ 50); s - hi is exact near the row's max
-          lse2[l] = (x == C(-INFINITY) || sends_nan) ? C(INFINITY) : C(double(x) * kl);
-          lse2_lo[l] = std::isfinite(lse2[l]) ? C(double(x) * kl - double(lse2[l])) : C(0);
-          dd[l] = sends_nan ? C(0) : dx;
-          if (!sends_nan) continue;
-          bool touched = false;
-          for (int64_t jj = a; jj < z; ++jj)
-            if (lane_allows(P, L, tm[lg], l, j0, jj)) {
-              key_nan[jj] = 1;
-              touched = true;
+      }
+      alignas(64) C lse2[4][kLanes], lse2_lo[4][kLanes], dd[4][kLanes];
+      bool has_add[4] = {};
+      for (int lg0 = 0; lg0 < nlg; lg0 += 2) {
+        const bool on0 = tm[lg0].mode != TILE_SKIP, on1 = lg0 + 1 < nlg && tm[lg0 + 1].mode != TILE_SKIP;
+        if (!on0 && !on1) continue;
+        const bool two = on0 && on1;
+        const int first = on0 ? lg0 : lg0 + 1, last = on1 ? lg0 + 1 : lg0;
+        const int64_t a = ca[first], z = cz[first], n = z - a;
+        for (int lg = first; lg <= last; ++lg) {
+          const LaneGroup& L = lgs[lg];
+          dot.lane_group(lg);
+          uint8_t fl[kLanes] = {};
+          mod_lanes_init(P, L, ml[lg]);
+          has_add[lg] = build_additive(P, L, tm[lg], j0, jn, S.addt + lg * P.bk * kLanes, fl);
+          flag_attending(P, L, tm[lg], j0, jn, bad_k, bad_v, fl);
+          for (int l = 0; l < kLanes; ++l) {
+            const int64_t row = (b * P.H + h) * P.Nq + L.i[l];
+            const C x = l < L.n ? lse[b * P.lse_s.s0 + h * P.lse_s.s1 + L.i[l] * P.lse_s.s2] : C(-INFINITY);
+            const C dx = l < L.n ? drow_dot[lg * kLanes + l] : C(0);
+            bool sends_nan =
+                l < L.n && (fl[l] || row_bad[lg * kLanes + l] || !(x == x) || x == C(INFINITY) || !std::isfinite(dx));
+            // a row that saw no key (lse = -inf) must get P = 0: exp2(s - inf); so does one sending NaN
+            // lse in the scores' units (mods.hpp): natural as it is; in log2 units as hi + lo, since
+            // rounded to one float lse log2 e would shift every P of the row by up to half its ulp
+            // (3.8e-6 relative at |lse| ~ 50); s - hi is exact near the row's max
+            lse2[lg][l] = (x == C(-INFINITY) || sends_nan) ? C(INFINITY) : C(double(x) * kl);
+            lse2_lo[lg][l] = std::isfinite(lse2[lg][l]) ? C(double(x) * kl - double(lse2[lg][l])) : C(0);
+            dd[lg][l] = sends_nan ? C(0) : dx;
+            if (!sends_nan) continue;
+            bool touched = false;
+            for (int64_t jj = ra[lg]; jj < rz[lg]; ++jj)
+              if (lane_allows(P, L, tm[lg], l, j0, jj)) {
+                key_nan[jj] = 1;
+                touched = true;
+              }
+            if (touched) {
+              dq_nan[lg * kLanes + l] = 1;  // written NaN in dQ's order below
+              __atomic_fetch_or(row_nan + row / 8, uint8_t(1u << (row % 8)), __ATOMIC_RELAXED);
             }
-          if (touched) {
-            dq_nan[lg * kLanes + l] = 1;  // written NaN in dQ's order below
-            __atomic_fetch_or(row_nan + row / 8, uint8_t(1u << (row % 8)), __ATOMIC_RELAXED);
           }
         }
-        const int64_t n = z - a;
         // S^T and P^T (Alg. 2 lines 11, 13), keys [a, z) only
-        gemm16<false>(pt + a * W, W, kp + a * ldk, ldk, 1, qt, kLanes, n, P.Dk);
-        {
+        C* pt = S.pt + a * W + first * kLanes;
+        dot.scores(pt, first, two, a, n);
+        for (int lg = first; lg <= last; ++lg) {
           const bool masked = tm[lg].mode == TILE_MASKED;
           alignas(64) C lo_[kLanes], hi_[kLanes];
           for (int l = 0; l < kLanes; ++l) {
             lo_[l] = C(tm[lg].lo[l]);
             hi_[l] = C(tm[lg].hi[l]);
           }
-          const V lo = vload(lo_), hi = vload(hi_), lv = vload(lse2), lv_lo = vload(lse2_lo), u = vset1<V>(C(unit));
+          const V lo = vload(lo_), hi = vload(hi_), lv = vload(lse2[lg]), lv_lo = vload(lse2_lo[lg]);
+          const V u = vset1<V>(C(unit));
+          C* p = S.pt + lg * kLanes;
+          C* df = S.dfac + lg * kLanes;
           for (int64_t jj = a; jj < z; ++jj) {
             V dv = vzero<V>();
-            const C* add = has_add ? S.addt + jj * kLanes : nullptr;
-            V s = want_d ? score_row<V, true>(P, ml, vload(pt + jj * W), j0 + jj, add, &dv)
-                         : score_row<V, false>(P, ml, vload(pt + jj * W), j0 + jj, add, static_cast<V*>(nullptr));
+            const C* add = has_add[lg] ? S.addt + (lg * P.bk + jj) * kLanes : nullptr;
+            V s = want_d ? score_row<V, true>(P, ml[lg], vload(p + jj * W), j0 + jj, add, &dv)
+                         : score_row<V, false>(P, ml[lg], vload(p + jj * W), j0 + jj, add, static_cast<V*>(nullptr));
             if (masked) {
               const V jv = vset1<V>(C(jj));
               s = vsel(vand(vle(lo, jv), vlt(jv, hi)), s, ninf);
             }
-            vstore(pt + jj * W, vexp2(vmul(vsub(vsub(s, lv), lv_lo), u)));
-            if (want_d) vstore(S.dfac + jj * kLanes, dv);
+            vstore(p + jj * W, vexp2(vmul(vsub(vsub(s, lv), lv_lo), u)));
+            if (want_d) vstore(df + jj * W, dv);
           }
         }
         // dP^T = V dO^T (line 14)
-        gemm16<false>(dst + a * W, W, vp + a * ldv, ldv, 1, dot, kLanes, n, P.Dv);
-        if (drop) {
-          for (int l = 0; l < kLanes; ++l)
-            for (int64_t jj = a; jj < z; ++jj) S.zt[jj * kLanes + l] = C(0);
-          for (int l = 0; l < L.n; ++l)
-            philox_row(P.seed, uint32_t(b), uint32_t(h), uint32_t(L.i[l]), j0 + a, j0 + z, thr,
-                       [&](int64_t j, bool keep) { S.zt[(j - j0) * kLanes + l] = keep ? inv_keep : C(0); });
-        }
-        // dS^T = P^T o (dP^T - D) (line 16); the dropped P^T goes on to dV
-        const V dvec = vload(dd);
-        for (int64_t jj = a; jj < z; ++jj) {
-          V p = vload(pt + jj * W), dp = vload(dst + jj * W);
+        dot.dpt(S.dst + a * W + first * kLanes, first, two, a, n);
+        for (int lg = first; lg <= last; ++lg) {
+          const LaneGroup& L = lgs[lg];
           if (drop) {
-            const V zk = vload(S.zt + jj * kLanes);
-            dp = vmul(dp, zk);
-            vstore(pt + jj * W, vmul(p, zk));
+            for (int l = 0; l < kLanes; ++l)
+              for (int64_t jj = a; jj < z; ++jj) S.zt[jj * kLanes + l] = C(0);
+            for (int l = 0; l < L.n; ++l)
+              philox_row(P.seed, uint32_t(b), uint32_t(h), uint32_t(L.i[l]), j0 + a, j0 + z, thr,
+                         [&](int64_t j, bool keep) { S.zt[(j - j0) * kLanes + l] = keep ? inv_keep : C(0); });
           }
-          V ds = vmul(p, vsub(dp, dvec));
-          if (want_d) ds = vmul(ds, vload(S.dfac + jj * kLanes));
-          vstore(dst + jj * W, ds);
+          // dS^T = P^T o (dP^T - D) (line 16); the dropped P^T goes on to dV
+          const V dvec = vload(dd[lg]);
+          C* p = S.pt + lg * kLanes;
+          C* ds_ = S.dst + lg * kLanes;
+          const C* df = S.dfac + lg * kLanes;
+          for (int64_t jj = a; jj < z; ++jj) {
+            V pv = vload(p + jj * W), dp = vload(ds_ + jj * W);
+            if (drop) {
+              const V zk = vload(S.zt + jj * kLanes);
+              dp = vmul(dp, zk);
+              vstore(p + jj * W, vmul(pv, zk));
+            }
+            V ds = vmul(pv, vsub(dp, dvec));
+            if (want_d) ds = vmul(ds, vload(df + jj * W));
+            vstore(ds_ + jj * W, ds);
+          }
         }
-        // dQ^T = K^T dS^T for this lane group (line 18), added to dQ in order below
-        gemm16<false>(S.dqt + lg * P.Dk * kLanes, kLanes, kp + a * ldk, 1, ldk, dst + a * W, W, P.Dk, n);
+        // dQ = dS K for these lane groups (line 18), added to dQ in order below
+        dot.dq(first, two, a, n);
       }
       // dV += P^T dO, dK += dS^T Q over the block's keys [ja, jz) (lines 12, 17): lanes over Dv / Dk.
       // The block's sum starts from zero and is added compensated (microkernel.hpp): over Nq rows the
       // error stays that of one block's sum instead of growing with Nq / 64.
-      const V one = vset1<V>(C(1));
-      const int64_t nj = jz - ja, rq = int64_t(nlg) * kLanes;
-      for (int64_t c = 0; c < dvp / kLanes; ++c)
-        gemm16_kahan(dva + ja * dvp + c * kLanes, S.dvc + ja * dvp + c * kLanes, dvp, S.pt + ja * W, W, 1,
-                     S.dos + c * kLanes, dvp, nj, rq, one);
-      for (int64_t c = 0; c < dkp / kLanes; ++c)
-        gemm16_kahan(dka + ja * dkp + c * kLanes, S.dkc + ja * dkp + c * kLanes, dkp, S.dst + ja * W, W, 1,
-                     S.qs + c * kLanes, dkp, nj, rq, one);
+      dot.dkv(dka, dva, ja, jz, int64_t(nlg) * kLanes);
       // this tile's dQ rows, after every lower key tile's (DqOrder)
       order.wait(tid, it, sub);
       const C sc = C(P.scale);
       for (int lg = 0; lg < nlg; ++lg) {
         if (tm[lg].mode == TILE_SKIP) continue;
-        const C* dqt = S.dqt + lg * P.Dk * kLanes;
         for (int l = 0; l < lgs[lg].n; ++l) {
           C* dqr = dq + ((b * P.H + h) * P.Nq + lgs[lg].i[l]) * P.Dk;
+          const C* src = S.dqt + (lg * kLanes + l) * dkp;
           if (dq_nan[lg * kLanes + l])
             for (int64_t d = 0; d < P.Dk; ++d) dqr[d] = C(NAN);
           else
-            for (int64_t d = 0; d < P.Dk; ++d) dqr[d] += dqt[d * kLanes + l] * sc;
+            for (int64_t d = 0; d < P.Dk; ++d) dqr[d] += src[d] * sc;
         }
       }
       order.publish(tid, it, sub + 1);
@@ -445,6 +558,14 @@ static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_
     for (int64_t d = 0; d < P.Dv; ++d) vr[d] = dva[jj * dvp + d] * nan_or_1;
     if (!key_nan[jj] && !(all_finite(kr, P.Dk) && all_finite(vr, P.Dv))) count_row(P, kOverflow);
   }
+}
+
+// The backward tile loop of a dtype. kernels_avx512bf16.cpp specializes it for bf16_t (bwd_tiles
+// over its vdpbf16ps Dot): keep the signature in step.
+template <class T>
+static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_t b, int64_t g, int64_t kb,
+                     const RowBlocks& rb, const DqOrder& order, typename Compute<T>::type* dq, uint8_t* row_nan) {
+  bwd_tiles<WideBwd<T>>(P, S, tid, it, b, g, kb, rb, order, dq, row_nan);
 }
 
 }  // namespace QKV_NS

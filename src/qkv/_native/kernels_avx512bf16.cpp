@@ -1,6 +1,6 @@
 // AVX-512 with AVX512-BF16 (Cooper Lake, Sapphire Rapids, Zen 4 and 5): the avx512 path, except
-// that the bfloat16 forward computes its two matmuls with vdpbf16ps instead of widening K and V to
-// float32. Chosen (dispatch.cpp) only where the CPU reports avx512bf16 besides avx512f/bw/dq/vl:
+// that the bfloat16 forward and backward compute their matmuls with vdpbf16ps instead of widening
+// their operands to float32. Chosen (dispatch.cpp) only where the CPU reports avx512bf16 besides avx512f/bw/dq/vl:
 // this is the only unit built with -mavx512bf16.
 //
 // vdpbf16ps multiplies PAIRS of bf16 and adds both products into a float32 lane, so each matmul
@@ -22,12 +22,13 @@
 // the scale comes after the dot product, |q.k| beyond float32's range (3.4e38) is reported as an
 // overflow (finite.hpp) even where |q.k| * scale would have fitted.
 //
-// Everything else (float32, float64, float16, the backward pass) is the avx512 path's own code:
-// this table forwards those calls to kTableAvx512.
+// The backward's five matmuls likewise (Bf16Bwd below, the dot products of attention_bwd.hpp's
+// bwd_tiles). Everything else (float32, float64, float16) is the avx512 path's own code: this
+// table forwards those calls to kTableAvx512.
 #define QKV_NS avx512bf16
 #include "simd_avx512.hpp"
 
-#include "attention_fwd.hpp"
+#include "attention_bwd.hpp"
 
 namespace qkv_native {
 inline namespace QKV_NS {
@@ -57,16 +58,16 @@ constexpr int NR_BF2 = 12;
 // compensated with the carry k_g (microkernel.hpp). Strides in bf16 elements.
 template <int NG, int NRm, int MODE>
 static inline __attribute__((always_inline)) void dp_block(float* __restrict c0, float* __restrict c1,
-                                                           float* __restrict k0, float* __restrict k1,
+                                                           float* __restrict k0, float* __restrict k1, int64_t ldc,
                                                            const uint16_t* __restrict a, int64_t sam, int64_t sar,
                                                            const uint16_t* __restrict b0, const uint16_t* __restrict b1,
-                                                           int64_t R, bool half, VF s0, VF s1) {
+                                                           int64_t ldb, int64_t R, bool half, VF s0, VF s1) {
   __m512 acc0[NRm], acc1[NRm];
 #pragma GCC unroll 16
   for (int m = 0; m < NRm; ++m) acc0[m] = acc1[m] = _mm512_setzero_ps();
   for (int64_t p = 0; p < R; ++p) {
-    const __m512i x0 = _mm512_load_si512(b0 + p * 2 * kLanes);
-    const __m512i x1 = NG == 2 ? _mm512_load_si512(b1 + p * 2 * kLanes) : x0;
+    const __m512i x0 = _mm512_loadu_si512(b0 + p * ldb);
+    const __m512i x1 = NG == 2 ? _mm512_loadu_si512(b1 + p * ldb) : x0;
 #pragma GCC unroll 16
     for (int m = 0; m < NRm; ++m) {
       const __m512i y = bcast_pair(a + m * sam + p * sar);
@@ -75,8 +76,8 @@ static inline __attribute__((always_inline)) void dp_block(float* __restrict c0,
     }
   }
   if (half) {  // never read past a row (the next element may be NaN or unmapped)
-    const __m512i x0 = _mm512_load_si512(b0 + R * 2 * kLanes);
-    const __m512i x1 = NG == 2 ? _mm512_load_si512(b1 + R * 2 * kLanes) : x0;
+    const __m512i x0 = _mm512_loadu_si512(b0 + R * ldb);
+    const __m512i x1 = NG == 2 ? _mm512_loadu_si512(b1 + R * ldb) : x0;
 #pragma GCC unroll 16
     for (int m = 0; m < NRm; ++m) {
       const __m512i y = bcast_half(a[m * sam + R * sar]);
@@ -87,37 +88,39 @@ static inline __attribute__((always_inline)) void dp_block(float* __restrict c0,
 #pragma GCC unroll 16
   for (int m = 0; m < NRm; ++m) {
     if constexpr (MODE == KAHAN) {
-      kahan_add(c0 + m * kLanes, k0 + m * kLanes, VF{acc0[m]}, s0);
-      if constexpr (NG == 2) kahan_add(c1 + m * kLanes, k1 + m * kLanes, VF{acc1[m]}, s1);
+      kahan_add(c0 + m * ldc, k0 + m * ldc, VF{acc0[m]}, s0);
+      if constexpr (NG == 2) kahan_add(c1 + m * ldc, k1 + m * ldc, VF{acc1[m]}, s1);
     } else {
-      _mm512_store_ps(c0 + m * kLanes, _mm512_mul_ps(acc0[m], s0.a));
-      if constexpr (NG == 2) _mm512_store_ps(c1 + m * kLanes, _mm512_mul_ps(acc1[m], s1.a));
+      _mm512_storeu_ps(c0 + m * ldc, _mm512_mul_ps(acc0[m], s0.a));
+      if constexpr (NG == 2) _mm512_storeu_ps(c1 + m * ldc, _mm512_mul_ps(acc1[m], s1.a));
     }
   }
 }
 
 template <int NG, int K, int MODE>
-static inline void dp_tail(int rem, float* c0, float* c1, float* k0, float* k1, const uint16_t* a, int64_t sam,
-                           int64_t sar, const uint16_t* b0, const uint16_t* b1, int64_t R, bool half, VF s0, VF s1) {
+static inline void dp_tail(int rem, float* c0, float* c1, float* k0, float* k1, int64_t ldc, const uint16_t* a,
+                           int64_t sam, int64_t sar, const uint16_t* b0, const uint16_t* b1, int64_t ldb, int64_t R,
+                           bool half, VF s0, VF s1) {
   if constexpr (K >= 1) {
-    if (rem == K) return dp_block<NG, K, MODE>(c0, c1, k0, k1, a, sam, sar, b0, b1, R, half, s0, s1);
-    dp_tail<NG, K - 1, MODE>(rem, c0, c1, k0, k1, a, sam, sar, b0, b1, R, half, s0, s1);
+    if (rem == K) return dp_block<NG, K, MODE>(c0, c1, k0, k1, ldc, a, sam, sar, b0, b1, ldb, R, half, s0, s1);
+    dp_tail<NG, K - 1, MODE>(rem, c0, c1, k0, k1, ldc, a, sam, sar, b0, b1, ldb, R, half, s0, s1);
   }
 }
 
-// dp_block over M rows of C ([M][16] each; k0 / k1 only for KAHAN, c1 / k1 / b1 only for NG = 2).
+// dp_block over M rows of C (row m at c0 + m ldc: 16 floats; k0 / k1 only for KAHAN, c1 / k1 / b1
+// only for NG = 2); b_g's pair p at b_g + p ldb (bf16 elements).
 template <int NG, int MODE>
-static void dp(float* c0, float* c1, float* k0, float* k1, const uint16_t* a, int64_t sam, int64_t sar,
-               const uint16_t* b0, const uint16_t* b1, int64_t M, int64_t R, bool half, VF s0, VF s1) {
+static void dp(float* c0, float* c1, float* k0, float* k1, int64_t ldc, const uint16_t* a, int64_t sam, int64_t sar,
+               const uint16_t* b0, const uint16_t* b1, int64_t ldb, int64_t M, int64_t R, bool half, VF s0, VF s1) {
   constexpr int NR = NG == 1 ? NR_BF : NR_BF2;
-  const auto at = [](float* x, int64_t m) { return x ? x + m * kLanes : x; };
+  const auto at = [ldc](float* x, int64_t m) { return x ? x + m * ldc : x; };
   int64_t m = 0;
   for (; m + NR <= M; m += NR)
-    dp_block<NG, NR, MODE>(c0 + m * kLanes, at(c1, m), at(k0, m), at(k1, m), a + m * sam, sam, sar, b0, b1, R, half, s0,
-                           s1);
+    dp_block<NG, NR, MODE>(c0 + m * ldc, at(c1, m), at(k0, m), at(k1, m), ldc, a + m * sam, sam, sar, b0, b1, ldb, R,
+                           half, s0, s1);
   if (m < M)
-    dp_tail<NG, NR - 1, MODE>(int(M - m), c0 + m * kLanes, at(c1, m), at(k0, m), at(k1, m), a + m * sam, sam, sar, b0,
-                              b1, R, half, s0, s1);
+    dp_tail<NG, NR - 1, MODE>(int(M - m), c0 + m * ldc, at(c1, m), at(k0, m), at(k1, m), ldc, a + m * sam, sam, sar, b0,
+                              b1, ldb, R, half, s0, s1);
 }
 
 // ------------------------------------------------------------------ operand layouts
@@ -137,48 +140,53 @@ static void load_q_pairs(const Params& P, const LaneGroup& lg, uint16_t* qp, uin
   }
 }
 
-// P^T [jn][16] float32 -> pairs [ceil(jn/2)][16 lanes][2] bf16 (round to nearest even), in place:
-// pair p is written over bytes that pairs <= p have already read.
-static void p_pairs(float* st, int64_t jn) {
+// jn rows of 16 float32 (row jj at src + jj lds: P^T or dS^T) -> pairs [ceil(jn/2)][16 lanes][2]
+// bf16 (round to nearest even), pair p at dst + p ldd (floats' bytes); in place when dst = src and
+// lds = ldd = 16: pair p is written over bytes that pairs <= p have already read.
+static void p_pairs(const float* src, int64_t lds, int64_t jn, float* dst, int64_t ldd) {
   const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
                                        5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   for (int64_t p = 0; 2 * p < jn; ++p) {
-    const __m512 a = _mm512_load_ps(st + 2 * p * kLanes);
-    const __m512 b = 2 * p + 1 < jn ? _mm512_load_ps(st + (2 * p + 1) * kLanes) : _mm512_setzero_ps();
+    const __m512 a = _mm512_loadu_ps(src + 2 * p * lds);
+    const __m512 b = 2 * p + 1 < jn ? _mm512_loadu_ps(src + (2 * p + 1) * lds) : _mm512_setzero_ps();
     const __m512i ab = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));  // a0..a15, b0..b15
-    _mm512_store_si512(st + p * kLanes, _mm512_permutexvar_epi16(zip, ab));   // a0 b0 a1 b1 ...
+    _mm512_storeu_si512(dst + p * ldd, _mm512_permutexvar_epi16(zip, ab));    // a0 b0 a1 b1 ...
   }
 }
 
-// V rows [j0, j0 + jn) -> vp[p][d] = (v[2p][d], v[2p+1][d]); rows marked bad (non-finite) and the
-// row past an odd jn as zeros. 32 d per step: two row loads, two vpermt2w interleaving them (the
-// widen-shift-or of 16 d at a time it replaces took ~15% of a dense bf16 forward, perf).
-static void pack_v(const uint16_t* v, int64_t ldv, int64_t jn, int64_t Dv, const TileRows& bad, uint32_t* vp) {
+// Rows ra, rb of D bf16 (nullptr: a row of zeros) -> D dwords (ra[d], rb[d]) at dst. 32 d per
+// step: two row loads, two vpermt2w interleaving them (the widen-shift-or of 16 d at a time it
+// replaces took ~15% of a dense bf16 forward, perf); never reads or writes past D.
+static inline void zip_rows(const uint16_t* ra, const uint16_t* rb, int64_t D, uint32_t* dst) {
   const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5,
                                       36, 4, 35, 3, 34, 2, 33, 1, 32, 0);  // a0 b0 a1 b1 ... a15 b15
   const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));          // a16 b16 ... a31 b31
+  int64_t d = 0;
+  for (; d + 2 * kLanes <= D; d += 2 * kLanes) {
+    const __m512i a = ra ? _mm512_loadu_si512(ra + d) : _mm512_setzero_si512();
+    const __m512i b = rb ? _mm512_loadu_si512(rb + d) : _mm512_setzero_si512();
+    _mm512_storeu_si512(dst + d, _mm512_permutex2var_epi16(a, lo, b));
+    _mm512_storeu_si512(dst + d + kLanes, _mm512_permutex2var_epi16(a, hi, b));
+  }
+  if (d < D) {  // masked loads and stores of the last D - d < 32
+    const int64_t r = D - d;
+    const __mmask32 m = __mmask32((uint64_t(1) << r) - 1);
+    const __m512i a = ra ? _mm512_maskz_loadu_epi16(m, ra + d) : _mm512_setzero_si512();
+    const __m512i b = rb ? _mm512_maskz_loadu_epi16(m, rb + d) : _mm512_setzero_si512();
+    _mm512_mask_storeu_epi32(dst + d, __mmask16(m), _mm512_permutex2var_epi16(a, lo, b));
+    if (r > kLanes)
+      _mm512_mask_storeu_epi32(dst + d + kLanes, __mmask16(m >> kLanes), _mm512_permutex2var_epi16(a, hi, b));
+  }
+}
+
+// Rows [0, jn) of a K or V tile (row stride ld) -> key pairs vp[p][d] = (x[2p][d], x[2p+1][d]),
+// pair p at vp + p ldp (dwords); rows marked bad (non-finite) and the row past an odd jn as zeros.
+static void pack_v(const uint16_t* x, int64_t ld, int64_t jn, int64_t D, const TileRows& bad, uint32_t* vp,
+                   int64_t ldp) {
   for (int64_t p = 0; 2 * p < jn; ++p) {
     const int64_t j = 2 * p;
     const bool z0 = bad.any && bad.bad[j], z1 = j + 1 >= jn || (bad.any && bad.bad[j + 1]);
-    const uint16_t* ra = v + j * ldv;
-    const uint16_t* rb = ra + ldv;
-    uint32_t* dst = vp + p * Dv;
-    int64_t d = 0;
-    for (; d + 2 * kLanes <= Dv; d += 2 * kLanes) {
-      const __m512i a = z0 ? _mm512_setzero_si512() : _mm512_loadu_si512(ra + d);
-      const __m512i b = z1 ? _mm512_setzero_si512() : _mm512_loadu_si512(rb + d);
-      _mm512_storeu_si512(dst + d, _mm512_permutex2var_epi16(a, lo, b));
-      _mm512_storeu_si512(dst + d + kLanes, _mm512_permutex2var_epi16(a, hi, b));
-    }
-    if (d < Dv) {  // never read past a row: masked loads and stores of the last Dv - d < 32
-      const int64_t r = Dv - d;
-      const __mmask32 m = __mmask32((uint64_t(1) << r) - 1);
-      const __m512i a = z0 ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi16(m, ra + d);
-      const __m512i b = z1 ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi16(m, rb + d);
-      _mm512_mask_storeu_epi32(dst + d, __mmask16(m), _mm512_permutex2var_epi16(a, lo, b));
-      if (r > kLanes)
-        _mm512_mask_storeu_epi32(dst + d + kLanes, __mmask16(m >> kLanes), _mm512_permutex2var_epi16(a, hi, b));
-    }
+    zip_rows(z0 ? nullptr : x + j * ld, z1 ? nullptr : x + (j + 1) * ld, D, vp + p * ldp);
   }
 }
 
@@ -249,28 +257,29 @@ struct Bf16Dot {
     if (!kv_range_clean<bf16_t>(*P, b, g, j0, jn))
       dirty_span_bf16(*P, lgs, nlg, kb, j0, jn, reinterpret_cast<uint16_t*>(S->kc), round_up(P->Dk, kLanes), kp, ldk,
                       vr, P->v.s2, bv, fl);
-    pack_v(vr, P->v.s2, jn, P->Dv, bv, reinterpret_cast<uint32_t*>(S->vc));
+    pack_v(vr, P->v.s2, jn, P->Dv, bv, reinterpret_cast<uint32_t*>(S->vc), P->Dv);
   }
   // S^T: pairs along Dk, K rows broadcast from the range in place
   void scores(float* st, int g, int64_t off, int64_t n) const {
-    dp<1, STORE>(st, nullptr, nullptr, nullptr, kp + off * ldk, ldk, 2, q(g), nullptr, n, P->Dk / 2, P->Dk & 1, scale(),
-                 scale());
+    dp<1, STORE>(st, nullptr, nullptr, nullptr, kLanes, kp + off * ldk, ldk, 2, q(g), nullptr, 2 * kLanes, n, P->Dk / 2,
+                 P->Dk & 1, scale(), scale());
   }
   void scores2(float* st0, float* st1, int g, int64_t off, int64_t n) const {
-    dp<2, STORE>(st0, st1, nullptr, nullptr, kp + off * ldk, ldk, 2, q(g), q(g + 1), n, P->Dk / 2, P->Dk & 1, scale(),
-                 scale());
+    dp<2, STORE>(st0, st1, nullptr, nullptr, kLanes, kp + off * ldk, ldk, 2, q(g), q(g + 1), 2 * kLanes, n, P->Dk / 2,
+                 P->Dk & 1, scale(), scale());
   }
   // O^T: pairs along keys (off is even: kKeyStep), P^T rounded to bf16 pairs in place
   void pv(float* pt, int g, int64_t off, int64_t n, VF alpha) const {
-    p_pairs(pt, n);
-    dp<1, KAHAN>(o(g), nullptr, oc(g), nullptr, vpairs(off), 2, 2 * P->Dv, reinterpret_cast<const uint16_t*>(pt),
-                 nullptr, P->Dv, (n + 1) / 2, false, alpha, alpha);
+    p_pairs(pt, kLanes, n, pt, kLanes);
+    dp<1, KAHAN>(o(g), nullptr, oc(g), nullptr, kLanes, vpairs(off), 2, 2 * P->Dv,
+                 reinterpret_cast<const uint16_t*>(pt), nullptr, 2 * kLanes, P->Dv, (n + 1) / 2, false, alpha, alpha);
   }
   void pv2(float* pt0, float* pt1, int g, int64_t off, int64_t n, VF a0, VF a1) const {
-    p_pairs(pt0, n);
-    p_pairs(pt1, n);
-    dp<2, KAHAN>(o(g), o(g + 1), oc(g), oc(g + 1), vpairs(off), 2, 2 * P->Dv, reinterpret_cast<const uint16_t*>(pt0),
-                 reinterpret_cast<const uint16_t*>(pt1), P->Dv, (n + 1) / 2, false, a0, a1);
+    p_pairs(pt0, kLanes, n, pt0, kLanes);
+    p_pairs(pt1, kLanes, n, pt1, kLanes);
+    dp<2, KAHAN>(o(g), o(g + 1), oc(g), oc(g + 1), kLanes, vpairs(off), 2, 2 * P->Dv,
+                 reinterpret_cast<const uint16_t*>(pt0), reinterpret_cast<const uint16_t*>(pt1), 2 * kLanes, P->Dv,
+                 (n + 1) / 2, false, a0, a1);
   }
 };
 
@@ -280,11 +289,187 @@ void fwd_rowset<bf16_t>(const Params& P, FwdBufs<bf16_t>& S, const LaneGroup* lg
   fwd_tiles<Bf16Dot>(P, S, lgs, nlg, ka, kz, fl);
 }
 
+// ------------------------------------------------------------------ the backward's dot products
+
+// attention_bwd.hpp's WideBwd for bf16 inputs: bwd_tiles (exact ranges, paired lane groups, P^T,
+// dS^T, masks, mods, dropout, the dQ order, non-finite rows) runs over these. Each of the five
+// matmuls pairs its reduction axis for vdpbf16ps, the operands in bf16, the sums in float32:
+//   S^T = K Q^T      pairs along Dk: K rows broadcast in place, Q^T pairs [Dk/2][16][2] (q
+//                    unscaled, the scale applied to the float32 sums, as the forward)
+//   dP^T = V dO^T    pairs along Dv: V rows in place, dO^T pairs [Dv/2][16][2]
+//   dQ^T = K^T dS^T  pairs along keys: K packed once per tile as key pairs [BK/2][Dk], dS^T of
+//                    the lane groups rounded to bf16 pairs [keys/2][16][2]
+//   dV += P^T dO     pairs along queries: P^T rounded to bf16 in place ([BK][64] rows, so a
+//                    dword holds two queries of a key), dO rows as query pairs [32][Dv]
+//   dK += dS^T Q     likewise, dS^T rounded to bf16 and Q rows as query pairs [32][Dk]
+// P is rounded to bf16 only where it meets V's matmul partner dO, and dS only where it meets K
+// and Q (FlashAttention-2's bf16 backward rounds the same two, arXiv:2307.08691): dS = P o (dP - D)
+// itself, D, lse and the softmax are float32, and so are dQ, dK, dV.
+// Scratch: BwdBufs<bf16_t> (float32 buffers) holds the bf16 layouts, which are never larger: qs /
+// dos the query pairs of Q / dO, qt / dot the pairs of each lane group, kc / vc cleaned K / V
+// copies, kpair / dspair the key pairs.
+struct Bf16Bwd {
+  static constexpr int64_t kKeyStep = 2;  // dS^T key pairs meet K's pairs packed from the tile's start
+  static constexpr int64_t W = BwdBufs<bf16_t>::W;
+  const Params* P;
+  BwdBufs<bf16_t>* S;
+  const uint16_t* kp = nullptr;
+  const uint16_t* vp = nullptr;
+  int64_t ldk = 0, ldv = 0, dkp = 0, dvp = 0;
+  const uint16_t* qrow[W] = {};  // the block's rows (nullptr: zeros, a row not finite or past the block)
+  const uint16_t* drow[W] = {};
+
+  uint16_t* qt(int lg) const { return reinterpret_cast<uint16_t*>(S->qt + lg * P->Dk * kLanes); }
+  uint16_t* dot(int lg) const { return reinterpret_cast<uint16_t*>(S->dot + lg * P->Dv * kLanes); }
+
+  void tile(int64_t b, int64_t g, int64_t j0, int64_t jn, TileRows& bk, TileRows& bv) {
+    dkp = round_up(P->Dk, kLanes);
+    dvp = round_up(P->Dv, kLanes);
+    kp = static_cast<const uint16_t*>(P->k.data) + b * P->k.s0 + g * P->k.s1 + j0 * P->k.s2;
+    vp = static_cast<const uint16_t*>(P->v.data) + b * P->v.s0 + g * P->v.s1 + j0 * P->v.s2;
+    ldk = P->k.s2;
+    ldv = P->v.s2;
+    scan_bf16(kp, ldk, jn, P->Dk, bk);
+    scan_bf16(vp, ldv, jn, P->Dv, bv);
+    if (bk.any) {
+      kp = cleaned(kp, ldk, jn, P->Dk, bk, reinterpret_cast<uint16_t*>(S->kc), dkp);
+      ldk = dkp;
+    }
+    if (bv.any) {
+      vp = cleaned(vp, ldv, jn, P->Dv, bv, reinterpret_cast<uint16_t*>(S->vc), dvp);
+      ldv = dvp;
+    }
+    TileRows none;
+    none.any = false;
+    pack_v(kp, ldk, jn, P->Dk, none, reinterpret_cast<uint32_t*>(S->kpair), dkp);
+  }
+  // rows of x, those marked in t zeroed, into buf (row stride ldb); returns buf (rare)
+  __attribute__((noinline)) static const uint16_t* cleaned(const uint16_t* x, int64_t ld, int64_t jn, int64_t D,
+                                                           const TileRows& t, uint16_t* buf, int64_t ldb) {
+    for (int64_t jj = 0; jj < jn; ++jj) {
+      if (t.bad[jj])
+        std::memset(buf + jj * ldb, 0, sizeof(uint16_t) * size_t(D));
+      else
+        std::memcpy(buf + jj * ldb, x + jj * ld, sizeof(uint16_t) * size_t(D));
+    }
+    return buf;
+  }
+  bool row(int64_t r, const bf16_t* q, const bf16_t* d) {
+    const bool ok = storage_finite(q, P->Dk) && storage_finite(d, P->Dv);
+    qrow[r] = ok ? reinterpret_cast<const uint16_t*>(q) : nullptr;
+    drow[r] = ok ? reinterpret_cast<const uint16_t*>(d) : nullptr;
+    return ok;
+  }
+  // the block's Q and dO rows as query pairs [rq/2][dkp] / [rq/2][dvp] dwords (padding stays zero)
+  void rows_done(int64_t nr, int64_t rq) {
+    for (int64_t r = nr; r < rq; ++r) qrow[r] = drow[r] = nullptr;
+    uint32_t* qp = reinterpret_cast<uint32_t*>(S->qs);
+    uint32_t* dp_ = reinterpret_cast<uint32_t*>(S->dos);
+    for (int64_t p = 0; 2 * p < rq; ++p) {
+      zip_rows(qrow[2 * p], qrow[2 * p + 1], P->Dk, qp + p * dkp);
+      zip_rows(drow[2 * p], drow[2 * p + 1], P->Dv, dp_ + p * dvp);
+    }
+  }
+  // lane group lg's Q^T and dO^T pairs [ceil(D/2)][16][2]: dword p of lane l = elements 2p, 2p+1
+  // of its row (a half pair padded with 0)
+  static void transpose_pairs(const uint16_t* const* rows, int64_t D, uint16_t* out) {
+    uint32_t* o = reinterpret_cast<uint32_t*>(out);
+    const int64_t np = D / 2;
+    for (int l = 0; l < kLanes; ++l) {
+      const uint16_t* x = rows[l];
+      if (!x) {
+        for (int64_t p = 0; p < (D + 1) / 2; ++p) o[p * kLanes + l] = 0;
+        continue;
+      }
+      for (int64_t p = 0; p < np; ++p) {
+        uint32_t u;
+        std::memcpy(&u, x + 2 * p, 4);
+        o[p * kLanes + l] = u;
+      }
+      if (D & 1) o[np * kLanes + l] = uint32_t(x[D - 1]);
+    }
+  }
+  void lane_group(int lg) {
+    transpose_pairs(qrow + lg * kLanes, P->Dk, qt(lg));
+    transpose_pairs(drow + lg * kLanes, P->Dv, dot(lg));
+  }
+  void scores(float* c, int lg, bool two, int64_t a, int64_t n) const {
+    const VF s = vset1<VF>(float(q_prescale(*P)));
+    if (two)
+      dp<2, STORE>(c, c + kLanes, nullptr, nullptr, W, kp + a * ldk, ldk, 2, qt(lg), qt(lg + 1), 2 * kLanes, n,
+                   P->Dk / 2, P->Dk & 1, s, s);
+    else
+      dp<1, STORE>(c, nullptr, nullptr, nullptr, W, kp + a * ldk, ldk, 2, qt(lg), nullptr, 2 * kLanes, n, P->Dk / 2,
+                   P->Dk & 1, s, s);
+  }
+  void dpt(float* c, int lg, bool two, int64_t a, int64_t n) const {
+    const VF one = vset1<VF>(1.0f);
+    if (two)
+      dp<2, STORE>(c, c + kLanes, nullptr, nullptr, W, vp + a * ldv, ldv, 2, dot(lg), dot(lg + 1), 2 * kLanes, n,
+                   P->Dv / 2, P->Dv & 1, one, one);
+    else
+      dp<1, STORE>(c, nullptr, nullptr, nullptr, W, vp + a * ldv, ldv, 2, dot(lg), nullptr, 2 * kLanes, n, P->Dv / 2,
+                   P->Dv & 1, one, one);
+  }
+  // dQ rows = dS K: dS of the m = 16 or 32 rows as key pairs [n/2][m][2] (broadcast), K pairs as
+  // the vector operand, lanes over Dk
+  void dq(int lg, bool two, int64_t a, int64_t n) const {
+    const int64_t m = two ? 2 * kLanes : kLanes;
+    float* ds = reinterpret_cast<float*>(S->dspair);
+    p_pairs(S->dst + a * W + lg * kLanes, W, n, ds, m);
+    if (two) p_pairs(S->dst + a * W + (lg + 1) * kLanes, W, n, ds + kLanes, m);
+    sum_rows<STORE>(S->dqt + lg * kLanes * dkp, nullptr, dkp, P->Dk, S->dspair, 2, 2 * m, S->kpair + a * dkp, m,
+                    (n + 1) / 2);  // key pair a / 2 (a is even: kKeyStep)
+  }
+  // float32 rows [ja, jz) of rq values (stride W floats) -> bf16, in place at each row's start
+  static void rows_to_bf16(float* x, int64_t ja, int64_t jz, int64_t rq) {
+    for (int64_t jj = ja; jj < jz; ++jj) {
+      float* r = x + jj * W;
+      for (int64_t c = 0; c < rq; c += 2 * kLanes) {
+        const __m512 a = _mm512_loadu_ps(r + c), b = _mm512_loadu_ps(r + c + kLanes);
+        _mm512_storeu_si512(reinterpret_cast<uint16_t*>(r) + c, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
+      }
+    }
+  }
+  // C rows [M][ld] = (STORE) or += (KAHAN, carry rows k) A B over the 16-float chunks of D, two
+  // chunks per broadcast of A: A's pair r of row m at a + m sam + r sar, B pairs [R][ld] dwords
+  template <int MODE>
+  static void sum_rows(float* c, float* k, int64_t ld, int64_t D, const uint16_t* a, int64_t sam, int64_t sar,
+                       const uint16_t* b, int64_t M, int64_t R) {
+    const VF one = vset1<VF>(1.0f);
+    const auto at = [](float* x, int64_t o) { return x ? x + o : x; };
+    const int64_t nc = round_up(D, kLanes) / kLanes;
+    int64_t x = 0;
+    for (; x + 2 <= nc; x += 2)
+      dp<2, MODE>(c + x * kLanes, c + (x + 1) * kLanes, at(k, x * kLanes), at(k, (x + 1) * kLanes), ld, a, sam, sar,
+                  b + x * 2 * kLanes, b + (x + 1) * 2 * kLanes, 2 * ld, M, R, false, one, one);
+    if (x < nc)
+      dp<1, MODE>(c + x * kLanes, nullptr, at(k, x * kLanes), nullptr, ld, a, sam, sar, b + x * 2 * kLanes, nullptr,
+                  2 * ld, M, R, false, one, one);
+  }
+  void dkv(float* dka, float* dva, int64_t ja, int64_t jz, int64_t rq) const {
+    rows_to_bf16(S->pt, ja, jz, rq);
+    rows_to_bf16(S->dst, ja, jz, rq);
+    const uint16_t* pb = reinterpret_cast<const uint16_t*>(S->pt + ja * W);
+    const uint16_t* db = reinterpret_cast<const uint16_t*>(S->dst + ja * W);
+    sum_rows<KAHAN>(dva + ja * dvp, S->dvc + ja * dvp, dvp, P->Dv, pb, 2 * W, 2,
+                    reinterpret_cast<const uint16_t*>(S->dos), jz - ja, rq / 2);
+    sum_rows<KAHAN>(dka + ja * dkp, S->dkc + ja * dkp, dkp, P->Dk, db, 2 * W, 2,
+                    reinterpret_cast<const uint16_t*>(S->qs), jz - ja, rq / 2);
+  }
+};
+
+template <>
+void bwd_item<bf16_t>(const Params& P, BwdBufs<bf16_t>& S, int tid, int64_t it, int64_t b, int64_t g, int64_t kb,
+                      const RowBlocks& rb, const DqOrder& order, float* dq, uint8_t* row_nan) {
+  bwd_tiles<Bf16Bwd>(P, S, tid, it, b, g, kb, rb, order, dq, row_nan);
+}
+
 }  // namespace QKV_NS
 }  // namespace qkv_native
 
-// The entry points below use forward_impl<bf16_t> only; the other dtypes and the backward are the
-// avx512 unit's (so kernels_impl.hpp's own entry points are unused here).
+// The entry points below use forward_impl<bf16_t> and backward_impl<bf16_t> only; the other
+// dtypes are the avx512 unit's (so kernels_impl.hpp's own entry points are unused here).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "kernels_impl.hpp"
@@ -296,7 +481,9 @@ inline namespace QKV_NS {
 static bool forward_bf16(const Params& P) {
   return P.dtype == DType::bf16 ? forward_impl<bf16_t>(P) : kTableAvx512.forward(P);
 }
-static bool backward_bf16(const Params& P) { return kTableAvx512.backward(P); }
+static bool backward_bf16(const Params& P) {
+  return P.dtype == DType::bf16 ? backward_impl<bf16_t>(P) : kTableAvx512.backward(P);
+}
 static double microbench_bf16(int kind, int64_t reps) { return kTableAvx512.microbench(kind, reps); }
 }  // namespace QKV_NS
 
