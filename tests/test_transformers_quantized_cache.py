@@ -24,10 +24,10 @@ from qkv.integrations import transformers as qt  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning", "ignore::UserWarning")
 FORMATS = ["int8", "float8_e4m3fn", "float8_e5m2"]
-DRIFT = {"int8": 0.05, "float8_e4m3fn": 0.25, "float8_e5m2": 0.5}
-"""Largest |Δ log-probability| of any vocabulary entry at any generated step, quantized cache
-against the bfloat16 cache, on the trained copy model (docs/quantized-cache.md shows the measured
-values; these bounds are about twice them)."""
+DRIFT = {"int8": (0.005, 1e-5), "float8_e4m3fn": (0.01, 1e-4), "float8_e5m2": (0.02, 3e-4)}
+"""What a quantized cache may change against the bfloat16 cache on the trained copy model, per
+format: the largest |Δ log-probability| of a generated token, and the mean KL divergence per step
+(docs/quantized-cache.md shows the values the benchmark measured: a sixth to a fifteenth of these)."""
 
 
 def _llama(seed=0, vocab=100, config="LlamaConfig", **extra):
@@ -221,5 +221,9 @@ def test_a_trained_model_generates_the_bfloat16_caches_tokens(copier, fmt):
     assert torch.equal(want[:, N + 1 :], prompt[:, :N])  # it learned to copy
     got, scores = _generate(copier, prompt, qt.QuantizedCache(copier.config, dtype=fmt), n=N)
     assert torch.equal(got, want)
-    drift = (scores.float().log_softmax(-1) - want_scores.float().log_softmax(-1)).abs().max()
-    assert drift <= DRIFT[fmt], f"{fmt}: log-probabilities moved by {float(drift):.3g}"
+    a, b = want_scores.float().log_softmax(-1), scores.float().log_softmax(-1)
+    moved = (a - b).gather(-1, want[:, N + 1 :, None]).abs().max()
+    kl = (a.exp() * (a - b)).sum(-1).mean()
+    bound, kl_bound = DRIFT[fmt]
+    assert moved <= bound, f"{fmt}: a generated token's log-probability moved by {float(moved):.3g}"
+    assert kl <= kl_bound, f"{fmt}: mean KL divergence {float(kl):.3g} per step"
