@@ -1,9 +1,10 @@
 """The ``qkv`` command line: this module registers the subcommands and does nothing else.
 
 One module per subcommand (``explain``, ``heatmap``, ``pe``, ``complexity``, ``train``,
-``bench``, ``lab``, ``inspect``); ``_common`` holds what they share: reading arrays, the picture options,
-and the one path from an error to one stderr line and an exit code (1 bad input, 2 bad usage).
-Each command parses, calls the public API and prints text (rich) or ``--json``; no math here.
+``bench``, ``cache-error``, ``lab``, ``inspect``); ``_common`` holds what they share: reading
+arrays, the picture options, and the one path from an error to one stderr line and an exit code
+(1 bad input, 2 bad usage). Each command parses, calls the public API and prints text (rich) or
+``--json``; no math here.
 Heavy libraries (torch, matplotlib, fastapi) are imported inside the commands that need them.
 """
 
@@ -11,6 +12,7 @@ import typer
 
 from ._common import OneLineErrors
 from .bench import bench_command
+from .cache_error import cache_error_command
 from .complexity import complexity_command
 from .explain import explain_command
 from .heatmap import heatmap_command
@@ -42,6 +44,7 @@ for _name, _command in (
     ("train", train_command),
     ("inspect", inspect_command),
     ("bench", bench_command),
+    ("cache-error", cache_error_command),
     ("lab", lab_command),
 ):
     app.command(_name)(_command)
