@@ -480,3 +480,74 @@ def test_the_mask_does_not_change_when_its_inputs_change_later():
         am[1, :4] = False  # the caller reuses its buffers
         assert torch.equal(got.clone(), want)
         am[1, :4] = True
+
+
+_REGISTRATION = r"""
+import os, sys, warnings
+os.environ["HF_HUB_OFFLINE"] = "1"
+warnings.simplefilter("ignore")
+import torch, transformers
+from transformers import BloomConfig, BloomForCausalLM, PreTrainedModel
+from transformers.masking_utils import AttentionMaskInterface
+from transformers.modeling_utils import AttentionInterface
+
+def state():
+    return (dict(AttentionInterface._global_mapping), dict(AttentionMaskInterface._global_mapping),
+            {m: vars(PreTrainedModel)[m] for m in ("get_correct_attn_implementation", "set_attn_implementation")})
+
+def bloom_by_hand():
+    # a model whose config says "qkv" by hand, past transformers' validation
+    torch.manual_seed(0)
+    model = BloomForCausalLM(BloomConfig(vocab_size=100, hidden_size=32, n_layer=2, n_head=4)).eval()
+    model.config._attn_implementation = "qkv"
+    ids = torch.arange(2, 14).view(2, 6)
+    with torch.no_grad():
+        return model(ids, attention_mask=torch.ones_like(ids)).logits
+
+untouched, unimported = state(), bloom_by_hand()
+from qkv.integrations import transformers as qt
+from qkv.errors import ArgumentError
+assert state() == untouched, "importing the integration registered something"
+assert torch.equal(bloom_by_hand(), unimported), "importing the integration changed a model"
+
+def fail(*args, **kwargs):
+    raise RuntimeError("mask registry refused")
+
+real = AttentionMaskInterface.register
+AttentionMaskInterface.register = classmethod(fail)
+try:
+    qt.register()
+except RuntimeError:
+    pass
+else:
+    raise AssertionError("register() hid the failure")
+AttentionMaskInterface.register = real
+assert state() == untouched, "a failed register() left part of it registered"
+from qkv.integrations import _hf_models
+assert not _hf_models.QKV_NAMES
+
+assert qt.register() == "qkv"
+after = state()
+assert after[0]["qkv"] is qt.attention_function("auto") and after[1]["qkv"] is qt.mask_function
+assert all(getattr(m, "_qkv_guard", False) for m in after[2].values())
+try:
+    bloom_by_hand()
+except ArgumentError as e:
+    assert "(model_type 'bloom')" in str(e)
+else:
+    raise AssertionError("a model qkv cannot run got a qkv mask")
+print("ok")
+"""
+
+
+def test_importing_registers_nothing_and_register_registers_all_or_nothing():
+    """In a fresh process: importing the integration leaves transformers' registries and
+    ``PreTrainedModel`` as they were, and a model whose config names "qkv" by hand computes what
+    it computes without qkv imported (transformers builds no mask for a name nobody registered:
+    its own behaviour); a ``register()`` that fails part-way leaves nothing registered; a whole one
+    registers the attention function, the mask function and the guard (the same model is refused)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _REGISTRATION], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

@@ -37,6 +37,30 @@ SYMPTOMS = {
 """What each known non-dispatching architecture did under ``"qkv"`` before it was refused."""
 
 
+EAGER_MASKS = {
+    "nllb-moe": "its expert router reads padding from the mask's values (`~padding_mask.bool()`, eager's form)",
+}
+"""Model types whose own code, outside the attention call, reads the 4-D mask's *values* in eager's
+form (0 = attend, a very negative number = hidden): qkv's mask function gives them eager's float
+mask, which its attention reads as well (hidden where ``<= finfo.min / 2``). Found by the
+architecture sweep (``tests/hf_sweep.py`` records every read of qkv's mask by a module that is not
+an attention layer) with every layer kind built, and by reading the modeling sources."""
+
+EAGER_ONLY_PROVEN = frozenset(
+    {"bigbird_pegasus", "longt5", "markuplm", "nllb-moe", "speech_to_text", "splinter", "switch_transformers"}
+)
+"""Model types whose classes transformers marks eager-only (no sdpa, flash or flex attention) and
+which the architecture sweep proves match eager under qkv, with every layer kind built: the only
+eager-only ones qkv runs (a class its authors never ran on another backend may read the mask in
+eager's form anywhere). ``tests/test_transformers_sweep.py`` checks each matches."""
+
+
+def eager_reader(config: Any) -> str | None:
+    """Why the model of ``config`` reads the 4-D mask's values in eager's form (None: it does not)."""
+    model_type = getattr(config, "model_type", None)
+    return EAGER_MASKS.get(model_type) if isinstance(model_type, str) else None
+
+
 def supported_backends(cls: type) -> list[str]:
     """The attention implementations a transformers model class declares it supports."""
     names = ["eager"]
@@ -93,6 +117,21 @@ def _own_table(cls: type) -> bool:
     return False
 
 
+def _dispatches(cls: type) -> bool:
+    """Whether a modeling file ``cls`` is built from calls transformers' attention interface (a
+    class without one, a convolutional network say, never reaches qkv: nothing to refuse)."""
+    for base in cls.__mro__:
+        module = sys.modules.get(base.__module__)
+        if module is None or not base.__module__.startswith("transformers.models."):
+            continue
+        try:
+            if "ALL_ATTENTION_FUNCTIONS.get_interface(" in inspect.getsource(module):
+                return True
+        except (OSError, TypeError):
+            continue
+    return False
+
+
 @cache
 def _reason(cls: type) -> str | None:
     if getattr(cls, "_can_set_attn_implementation", None) is None:
@@ -102,9 +141,15 @@ def _reason(cls: type) -> str | None:
     if cls is PreTrainedModel:
         return f"{cls.__name__} is the base of transformers' models, not a model: pass a model or model class"
     table = _own_table(cls)
-    if _can_set(cls) and not table:
-        return None
     model_type = getattr(getattr(cls, "config_class", None), "model_type", "") or ""
+    if _can_set(cls) and not table:
+        if supported_backends(cls) != ["eager"] or model_type in EAGER_ONLY_PROVEN or not _dispatches(cls):
+            return None
+        return (
+            f"{cls.__name__} (model_type {model_type!r}) is marked eager-only by transformers (no sdpa, flash or "
+            "flex attention), so attn_implementation='qkv' cannot run there: its code may read the attention "
+            "mask in eager's form, and no check here proves it does not. It supports attn_implementation in ['eager']"
+        )
     symptom = (
         "it looks its attention class up by name in its own table (KeyError: 'qkv')"
         if table
@@ -170,6 +215,10 @@ def refuse_config(config: Any) -> None:
     why = _model_type_reason(model_type) if isinstance(model_type, str) and model_type else None
     if why is not None:
         raise ArgumentError(why)
+
+
+GUARDED = ("get_correct_attn_implementation", "set_attn_implementation")
+"""The ``PreTrainedModel`` methods ``install_guard`` wraps."""
 
 
 def install_guard() -> None:

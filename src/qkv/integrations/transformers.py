@@ -29,7 +29,7 @@ from .._checks import check_impl
 from .._impls import lean_attention
 from ..errors import ArgumentError, MaskError
 from ._hf_masks import lazy, offset_of, plain, structure_of, structured
-from ._hf_models import QKV_NAMES, install_guard, refuse_config
+from ._hf_models import GUARDED, QKV_NAMES, eager_reader, install_guard, refuse_config
 from ._hf_models import check_model as check_model
 from ._hf_models import supported_backends as supported_backends
 
@@ -86,6 +86,11 @@ def register(name: str = "qkv", impl: str = "auto") -> str:
     ``"torch"``). Registering again (same or another ``impl``) replaces the entry, so calling
     it twice is harmless.
 
+    Everything qkv needs is registered here and nowhere else (importing this module registers
+    nothing): the attention function, the mask function, the name, and the guard that refuses
+    models qkv cannot run (``check_model``). All of it or none: if a step fails, transformers'
+    registries and ``PreTrainedModel`` are left as they were and the error propagates.
+
     >>> register()
     'qkv'
     >>> model = AutoModelForCausalLM.from_config(config, attn_implementation="qkv")
@@ -94,12 +99,24 @@ def register(name: str = "qkv", impl: str = "auto") -> str:
         raise ArgumentError(f"name must be a non-empty string, got {name!r}")
     check_impl(impl)
     from transformers.masking_utils import AttentionMaskInterface
-    from transformers.modeling_utils import AttentionInterface
+    from transformers.modeling_utils import AttentionInterface, PreTrainedModel
 
-    AttentionInterface.register(name, attention_function(impl))
-    AttentionMaskInterface.register(name, mask_function)
-    QKV_NAMES.add(name)
-    install_guard()
+    registries = (AttentionInterface._global_mapping, AttentionMaskInterface._global_mapping)
+    saved = [dict(r) for r in registries], set(QKV_NAMES), dict(vars(PreTrainedModel))
+    try:
+        install_guard()
+        AttentionInterface.register(name, attention_function(impl))
+        AttentionMaskInterface.register(name, mask_function)
+        QKV_NAMES.add(name)
+    except BaseException:
+        for registry, before in zip(registries, saved[0], strict=True):
+            registry.clear()
+            registry.update(before)
+        QKV_NAMES.clear()
+        QKV_NAMES.update(saved[1])
+        for method in GUARDED:
+            setattr(PreTrainedModel, method, saved[2][method])
+        raise
     return name
 
 
@@ -322,6 +339,10 @@ def mask_function(
     (a module computing attention in its own code, expecting eager's additive mask) raises
     ``ArgumentError`` naming the module. While torch traces, it is a plain tensor.
     ``allow_is_causal_skip`` is accepted and ignored.
+
+    A model whose own code reads the mask's values in eager's form (``_hf_models.EAGER_MASKS``:
+    NLLB-MoE's expert router) gets transformers' ``eager_mask`` instead: the float mask eager
+    attention gets (0 = attend, ``finfo.min`` = hidden), which qkv's attention reads the same way.
     """
     from functools import partial
 
@@ -332,6 +353,20 @@ def mask_function(
     refuse_config(kwargs.get("config"))  # a model that would misread this mask never gets one
     mask_function = mask_function or causal_mask_function
     kwargs.pop("allow_is_bidirectional_skip", None)  # sdpa_mask's default: off
+    if eager_reader(kwargs.get("config")) is not None:  # its own code reads the values as eager's: give it those
+        from transformers.masking_utils import eager_mask
+
+        return eager_mask(
+            batch_size=batch_size,
+            q_length=q_length,
+            kv_length=kv_length,
+            q_offset=q_offset,
+            kv_offset=kv_offset,
+            mask_function=mask_function,
+            attention_mask=attention_mask,
+            allow_is_bidirectional_skip=False,
+            **kwargs,
+        )
     if not masks.compiling():  # a static cache's position: read now, the cache moves it in place later
         q_offset = offset_of(q_offset)
     structure = (
