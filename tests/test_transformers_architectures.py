@@ -211,7 +211,7 @@ def test_the_docs_table_agrees_with_the_matrix():
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "transformers.md").read_text()
-    rows = re.findall(r"^\| `([^`]+)` \| `([^`]+)` \| ([^|]+) \|", text, re.MULTILINE)
+    rows = re.findall(r"^\| `([^`]+)` \| `([^`]+)` \|(?:[^|]*\|){3} ([^|]+) \|", text, re.MULTILINE)
     assert len(rows) > 300  # every architecture of the installed transformers, not a hand-picked few
     status: dict[str, set[str]] = {}
     for model_type, _, said in rows:
@@ -220,3 +220,42 @@ def test_the_docs_table_agrees_with_the_matrix():
         assert status[CONFIGS[name][2]().model_type] == {"matches eager"}, name
     for name in REFUSED:
         assert status[REFUSED[name][1]().model_type] == {"refused"}, name
+
+
+def test_a_model_reading_its_mask_values_gets_eager_s_mask():
+    """NLLB-MoE's expert router reads padding from the 4-D mask's values (``~padding_mask.bool()``
+    on eager's additive mask). With expert layers present (a sparse step of 2 in 2 layers) and qkv's
+    boolean mask, its logits were off by 0.02 (1.7 with padding), with no error: the router sent
+    real tokens to no expert. Its mask function now gives it eager's float mask, which qkv's
+    attention reads too."""
+    from transformers import NllbMoeConfig, NllbMoeForConditionalGeneration
+
+    config = NllbMoeConfig(
+        vocab_size=VOCAB,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=48,
+        decoder_ffn_dim=48,
+        num_experts=4,
+        expert_capacity=64,
+        encoder_sparse_step=2,
+        decoder_sparse_step=2,
+        max_position_embeddings=64,
+        decoder_start_token_id=0,
+        **{k: v for k, v in {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 0}.items()},
+    )
+    torch.manual_seed(0)
+    eager = NllbMoeForConditionalGeneration(copy.deepcopy(config)).eval()
+    with torch.no_grad():
+        for p in eager.parameters():
+            p.mul_(2.0)
+    assert any("SparseMLP" in type(m).__name__ for m in eager.modules())  # expert layers were built
+    ours = copy.deepcopy(eager)
+    ours.set_attn_implementation("qkv")
+    kw = batch("bart", padded=True)  # encoder-decoder ids, the second sequence left-padded
+    with torch.no_grad():
+        want, got = eager(**kw).logits, ours(**kw).logits
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
