@@ -1,8 +1,9 @@
-"""The architecture sweep: every text architecture the installed transformers registers matches
-eager under ``attn_implementation="qkv"`` or is refused with ``ArgumentError`` — never a different
-answer — and ``docs/transformers.md``'s table says what the sweep finds (``tests/hf_sweep.py``;
-``scripts/transformers_table.py`` writes the table). The full sweep is ``slow`` (~5 minutes on
-2 cores); the quick suite runs the architectures whose bugs it found."""
+"""The architecture sweep: every architecture the installed transformers registers, built tiny with
+every layer kind of its full config and fed the inputs its forward takes, matches eager under
+``attn_implementation="qkv"`` or is refused with ``ArgumentError`` — never a different answer — and
+``docs/transformers.md``'s table says what the sweep finds (``tests/hf_sweep.py``;
+``scripts/transformers_table.py`` writes the table). The full sweep is ``slow``; the quick suite
+runs the architectures whose bugs it found and checks the shrink keeps every layer kind."""
 
 import os
 import re
@@ -16,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import hf_shrink  # noqa: E402
 import hf_sweep  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,12 +62,32 @@ def test_models_transformers_calls_dispatching_are_refused_by_name(model_type, a
         ("marian", "AutoModelForSeq2SeqLM"),
         ("albert", "AutoModelForMaskedLM"),  # an encoder
         ("mistral", "AutoModelForCausalLM"),  # a sliding window, static cache
+        ("nllb-moe", "AutoModelForSeq2SeqLM"),  # expert layers whose router reads the mask's values
     ],
 )
 def test_architectures_the_sweep_found_bugs_in_match_eager(model_type, auto):
     hf_sweep.register_once()
     outcome = hf_sweep.check(*entry(model_type, auto))
     assert outcome.status == "matches", outcome
+
+
+@pytest.mark.parametrize(
+    ("model_type", "auto", "kinds"),
+    [
+        ("nllb-moe", "AutoModelForSeq2SeqLM", {"NllbMoeSparseMLP", "NllbMoeDenseActDense"}),  # sparse step 4
+        ("qwen3_next", "AutoModelForCausalLM", {"layer_types:linear_attention", "layer_types:full_attention"}),
+        ("jamba", "AutoModelForCausalLM", {"JambaMambaMixer", "JambaAttentionDecoderLayer", "JambaSparseMoeBlock"}),
+        ("gemma3_text", "AutoModelForCausalLM", {"layer_types:sliding_attention", "layer_types:full_attention"}),
+        ("granitemoehybrid", "AutoModelForCausalLM", {"GraniteMoeHybridMambaLayer"}),
+    ],
+)
+def test_the_shrink_keeps_every_layer_kind(model_type, auto, kinds):
+    """Two layers of NLLB-MoE have no expert layer (its sparse step is 4), two of Jamba no
+    attention layer (its period is 8): the tiny config has as many layers as it takes to build
+    every layer kind of the full-depth model, and no more parameters than the budget."""
+    built = hf_shrink.tiny(model_type, getattr(transformers, auto))
+    assert kinds <= built.kinds, sorted(built.kinds)
+    assert built.parameters <= hf_shrink.MAX_PARAMETERS and built.depth <= hf_shrink.MAX_DEPTH
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +100,35 @@ def outcomes():
 def test_every_buildable_architecture_matches_eager_or_is_refused(outcomes):
     differs = [o for o in outcomes if o.status == "differs"]
     assert not differs, "\n".join(f"{o.model_type} {o.auto}: {o.why}" for o in differs)
-    assert sum(o.status == "matches" for o in outcomes) > 150  # the whole registry, not a hand-picked list
+    assert sum(o.status == "matches" for o in outcomes) > 300  # the whole registry, not a hand-picked list
+
+
+@pytest.mark.slow
+def test_the_size_table_is_complete(outcomes):
+    """No model is left unbuilt because ``hf_shrink.SIZES`` misses one of its size names."""
+    missed = [f"{o.model_type}: {o.why}" for o in outcomes if "SIZES misses" in o.why]
+    assert not missed, "\n".join(missed)
+
+
+@pytest.mark.slow
+def test_eager_only_classes_run_only_where_the_sweep_proves_them_right(outcomes):
+    """A class transformers marks eager-only is refused unless the sweep proves it matches:
+    every model type of ``EAGER_ONLY_PROVEN`` matches, and no refused one would have."""
+    from qkv.integrations import _hf_models
+
+    by_type: dict[str, set[str]] = {}
+    for o in outcomes:
+        by_type.setdefault(o.model_type, set()).add(o.status)
+    for model_type in _hf_models.EAGER_ONLY_PROVEN:
+        assert "matches" in by_type.get(model_type, set()), model_type
+    would = [o.model_type for o in outcomes if o.status == "refused" and "(run anyway: matches)" in o.why]
+    assert not would, f"eager-only classes the sweep proves right, refused: {would}"
+
+
+@pytest.mark.slow
+def test_the_main_families_are_compared_in_bfloat16(outcomes):
+    compared = {o.model_type for o in outcomes if "bfloat16" in o.dtypes}
+    assert hf_sweep.BF16 <= compared, sorted(hf_sweep.BF16 - compared)
 
 
 @pytest.mark.slow

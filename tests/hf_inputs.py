@@ -1,0 +1,266 @@
+"""The inputs each transformers model class takes, made from its tiny config.
+
+``candidates(model, config, padded, g)`` reads the class's ``main_input_name`` and its forward's
+signature and yields input sets, the likeliest first: token ids with a padding mask, pixel values
+(``num_channels`` x ``image_size`` of the vision config), audio features or raw waveforms, bounding
+boxes, image grids; decoder ids for encoder-decoders (never for decoder-only models); both sides
+of vision-text models. The sweep takes the first set eager accepts, so a layout a model reads
+differently (``(B, mel, frames)`` for Whisper, ``(B, frames, features)`` for Speech2Text) is found,
+not guessed per model.
+"""
+
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+B, SEQ, PAD, DEC = 2, 9, 3, 5
+IMAGE = 32
+"""Images are ``IMAGE x IMAGE`` pixels (the shrunk ``image_size``)."""
+SPECIAL = 16
+"""The top ``SPECIAL`` token ids are kept for special tokens (image, audio, video placeholders):
+text ids are drawn below them."""
+
+
+def _sub(config: Any, *names: str) -> Any:
+    for name in names:
+        sub = getattr(config, name, None)
+        if sub is not None and hasattr(sub, "to_dict"):
+            return sub
+    return config
+
+
+def _int(config: Any, *names: str, default: int) -> int:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, (list, tuple)) and value and isinstance(value[0], int):
+            value = value[0]
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return default
+
+
+def vocab(config: Any) -> int:
+    text = _sub(config, "text_config", "decoder", "language_config", "llm_config")
+    return _int(text, "vocab_size", default=_int(config, "vocab_size", default=128))
+
+
+def _ids(config: Any, g: Any, length: int = SEQ) -> Any:
+    import torch
+
+    top = max(vocab(config) - SPECIAL, 4)
+    return torch.randint(3, top, (B, length), generator=g)
+
+
+def _padding(length: int, padded: str) -> Any:
+    import torch
+
+    am = torch.ones(B, length, dtype=torch.long)
+    if padded == "left":
+        am[1, :PAD] = 0
+    elif padded == "right":
+        am[1, -PAD:] = 0
+    return am
+
+
+def _pixels(config: Any, g: Any, size: int | None = None) -> Any:
+    import torch
+
+    vision = _sub(config, "vision_config", "image_config", "backbone_config", "encoder")
+    channels = _int(vision, "num_channels", "in_channels", "input_channels", default=3)
+    side = size or _int(vision, "image_size", "img_size", default=IMAGE)
+    return torch.randn(B, channels, side, side, generator=g)
+
+
+def _boxes(length: int, g: Any) -> Any:
+    import torch
+
+    corner = torch.randint(0, 500, (B, length, 2), generator=g)
+    extent = torch.randint(1, 400, (B, length, 2), generator=g)
+    return torch.cat([corner, corner + extent], -1)
+
+
+def _audio_features(config: Any, g: Any) -> Iterator[Any]:
+    import torch
+
+    audio = _sub(config, "audio_config", "encoder_config", "speech_config", "encoder")
+    mel = _int(
+        audio, "num_mel_bins", "feature_size", "n_mels", "input_feat_size", "input_dim", "n_mel_bins", default=80
+    )
+    per_channel = getattr(audio, "input_feat_per_channel", None)
+    if isinstance(per_channel, int):
+        mel = per_channel * _int(audio, "input_channels", default=1)
+    frames = 2 * _int(audio, "max_source_positions", default=32)
+    yield torch.randn(B, mel, frames, generator=g)
+    yield torch.randn(B, frames, mel, generator=g)
+    yield torch.randn(B, mel, 64, generator=g)
+    yield torch.randn(B, 64, mel, generator=g)
+
+
+def _grid_pixels(config: Any, g: Any) -> dict[str, Any]:
+    """Qwen2-VL-style images: flattened patches ``(B * t * h * w, C * tp * p * p)`` and their grid
+    ``image_grid_thw (B, 3)``, one image of ``1 x 4 x 4`` patches (times the merge size) per sequence."""
+    import torch
+
+    vision = _sub(config, "vision_config")
+    merge = _int(vision, "spatial_merge_size", default=2)
+    patch = _int(vision, "patch_size", "spatial_patch_size", default=14)
+    temporal = _int(vision, "temporal_patch_size", default=2)
+    channels = _int(vision, "in_channels", "in_chans", "num_channels", default=3)
+    side = 2 * merge
+    grid = torch.tensor([[1, side, side]] * B)
+    pixels = torch.randn(B * side * side, channels * temporal * patch * patch, generator=g)
+    return {"pixel_values": pixels, "image_grid_thw": grid}
+
+
+def _image_sets(config: Any, params: set[str], g: Any) -> Iterator[dict[str, Any]]:
+    """One image per sequence in the layouts vision-language models take: a grid of flattened
+    patches (Qwen2-VL), ``(B, C, H, W)`` (with its size where the forward asks, LLaVA-NeXT), or
+    ``(B, images, C, H, W)`` (Idefics 3)."""
+    import torch
+
+    if "image_grid_thw" in params:
+        yield _grid_pixels(config, g)
+        return
+    pixels = _pixels(config, g)
+    yield {"pixel_values": pixels}
+    if "image_sizes" in params:
+        yield {"pixel_values": pixels, "image_sizes": torch.tensor([list(pixels.shape[-2:])] * B)}
+    yield {"pixel_values": pixels[:, None]}
+
+
+def image_token(config: Any) -> int | None:
+    """The id standing for one image feature in the text (None: the model has none)."""
+    for name in ("image_token_id", "image_token_index"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _features(model: Any, images: dict[str, Any]) -> int | None:
+    """How many text positions the images of one sequence fill: the model's own image features."""
+    import torch
+
+    get = getattr(model, "get_image_features", None)
+    if get is None:
+        return None
+    with torch.no_grad():
+        try:
+            out = get(**{k: v for k, v in images.items() if k != "image_sizes"})
+        except Exception:  # noqa: BLE001 - this model's features need the image sizes (LLaVA-NeXT)
+            out = get(**images)
+    feats = getattr(out, "pooler_output", None) if not isinstance(out, (torch.Tensor, list, tuple)) else out
+    if isinstance(feats, (list, tuple)):
+        feats = torch.cat([f.reshape(-1, f.shape[-1]) for f in feats])
+    if not isinstance(feats, torch.Tensor):
+        return None
+    return feats.reshape(-1, feats.shape[-1]).shape[0] // B
+
+
+def _with_images(model: Any, config: Any, text: dict[str, Any], images: dict[str, Any]) -> dict[str, Any] | None:
+    """``text`` with each sequence's real tokens preceded by its image's placeholder tokens."""
+    import torch
+
+    token = image_token(config)
+    if token is None or "input_ids" not in text:
+        return None
+    try:
+        n = _features(model, images)
+    except Exception:  # noqa: BLE001 - the model cannot describe its images this way: no image input
+        return None
+    if not n:
+        return None
+    ids, am = text["input_ids"], text.get("attention_mask", torch.ones_like(text["input_ids"]))
+    left = bool((am[:, 0] == 0).any())  # the padding stays on its side of each sequence's images and text
+    new_ids, new_am = [], []
+    for s in range(B):
+        real, pad = ids[s][am[s].bool()], int((am[s] == 0).sum())
+        parts = [torch.zeros(pad, dtype=ids.dtype), torch.full((n,), token, dtype=ids.dtype), real]
+        flags = [torch.zeros(pad, dtype=am.dtype), torch.ones(n + len(real), dtype=am.dtype)]
+        new_ids.append(torch.cat(parts if left else parts[1:] + parts[:1]))
+        new_am.append(torch.cat(flags if left else flags[::-1]))
+    new_ids, new_am = torch.stack(new_ids), torch.stack(new_am)
+    out = {**text, "input_ids": new_ids, **images}
+    if "mm_token_type_ids" in signature(model):  # Qwen2-VL's multimodal RoPE: 1 marks an image token
+        out["mm_token_type_ids"] = (new_ids == token).long()
+    if "attention_mask" in text:
+        out["attention_mask"] = new_am
+    return out
+
+
+def signature(model: Any) -> set[str]:
+    return set(inspect.signature(model.forward).parameters)
+
+
+def is_encoder_decoder(config: Any) -> bool:
+    return bool(getattr(config, "is_encoder_decoder", False))
+
+
+def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(description, kwargs)`` input sets for ``model``'s forward, the likeliest first."""
+    import torch
+
+    params = signature(model)
+    main = getattr(model, "main_input_name", "input_ids")
+    text: dict[str, Any] = {}
+    if "input_ids" in params:
+        text["input_ids"] = _ids(config, g)
+        am = _padding(SEQ, padded if "attention_mask" in params else "none")
+        eos = getattr(config, "eos_token_id", None)
+        if not isinstance(eos, int):
+            eos = getattr(_sub(config, "text_config", "decoder"), "eos_token_id", None)
+        if isinstance(eos, int):  # each sequence ends as a tokenizer ends it (CLIP-style towers pool there)
+            last = am.cumsum(-1).argmax(-1)
+            text["input_ids"][torch.arange(B), last] = eos
+        if "attention_mask" in params:
+            text["input_ids"] = text["input_ids"].masked_fill(am == 0, 0)
+            text["attention_mask"] = am
+        if "bbox" in params:
+            text["bbox"] = _boxes(SEQ, g)
+    if is_encoder_decoder(config) and "decoder_input_ids" in params:
+        text["decoder_input_ids"] = _ids(config, g, DEC)
+    if "pixel_values" in params and "input_ids" in text:
+        for images in _image_sets(config, params, g):
+            both = _with_images(model, config, text, images)
+            if both is not None:
+                yield ("text + image", both)
+    if main == "input_ids" or main not in params:
+        yield ("text", text)
+    sides: list[tuple[str, dict[str, Any]]] = []
+    grid_name = next((n for n in ("grid_thw", "image_grid_thw") if n in params), None)
+    if grid_name is not None and "input_ids" not in params:  # a vision tower of flattened patches (Qwen2-VL's)
+        grid = _grid_pixels(config, g)
+        pixels = next((n for n in ("hidden_states", "pixel_values") if n in params), "pixel_values")
+        side = {pixels: grid["pixel_values"], grid_name: grid["image_grid_thw"]}
+        if "merge_sizes" in params:
+            side["merge_sizes"] = torch.full((B,), _int(_sub(config, "vision_config"), "spatial_merge_size", default=2))
+        sides.append(("image patches", side))
+    if "spatial_shapes" in params and "pixel_attention_mask" in params:  # SigLIP 2's patches of any shape
+        vision = _sub(config, "vision_config")
+        patch, channels = _int(vision, "patch_size", default=16), _int(vision, "num_channels", default=3)
+        n = _int(vision, "num_patches", default=16)
+        shapes = torch.tensor([[4, n // 4]] * B)
+        side = {
+            "pixel_values": torch.randn(B, n, channels * patch * patch, generator=g),
+            "pixel_attention_mask": torch.ones(B, n, dtype=torch.long),
+            "spatial_shapes": shapes,
+        }
+        sides.append(("image patches", side))
+    if "pixel_values" in params:
+        sides += [
+            ("pixels", {"pixel_values": _pixels(config, g)}),
+            ("pixels 64", {"pixel_values": _pixels(config, g, 64)}),
+        ]
+    if "input_values" in params:
+        sides += [(f"waveform {n}", {"input_values": torch.randn(B, n, generator=g)}) for n in (4000, 16000)]
+    if "input_features" in params:
+        for f in _audio_features(config, g):
+            side = {"input_features": f}
+            if "input_features_mask" in params:  # every frame real
+                side["input_features_mask"] = torch.ones(B, max(f.shape[1:]), dtype=torch.long)
+            sides.append(("audio features", side))
+    for what, side in sides:
+        if "input_ids" in text:
+            yield (f"text + {what}", {**text, **side})
+        decoder = {"decoder_input_ids": text["decoder_input_ids"]} if "decoder_input_ids" in text else {}
+        yield (what, {**side, **decoder})

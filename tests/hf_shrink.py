@@ -1,0 +1,337 @@
+"""Tiny configs of every transformers architecture, keeping every layer kind of the full config.
+
+``tiny(model_type, head)`` builds the model type's default config again with every size named in
+``SIZES`` (one table, for every config and sub-config: text, vision, audio, encoder, decoder...)
+and the fewest layers that still build every layer kind the full-depth model has. A *layer kind* is
+a module class (an expert layer, a mamba mixer, a linear-attention layer, a sliding or a global
+attention class) or a ``layer_types`` entry; the full-depth model (at the shrunk widths, on the meta
+device: no memory) says which kinds exist, and the depth grows from 2 until the tiny model has them
+all: NLLB-MoE's sparse step, Jamba's attention period, Qwen3-Next's linear-attention layers beside
+its full-attention ones. Per-layer patterns (``layer_types``, ``hybrid_override_pattern``, any list
+or string as long as the depth) keep one of each entry, in order, before they repeat. Sizes are
+passed to the config's constructor (its derived fields, head sizes and layer types, follow; a
+property is never assigned).
+
+``tests/test_transformers_sweep.py`` proves the table complete: no model above ``MAX_PARAMETERS``
+because a size name was missed.
+"""
+
+import copy
+import dataclasses
+import inspect
+import re
+from typing import Any, NamedTuple
+
+MAX_PARAMETERS = 4_000_000
+MAX_DEPTH = 12
+VOCAB = 128
+
+SIZES = {
+    # widths
+    "hidden_size": 32, "d_model": 32, "n_embd": 32, "embed_dim": 32, "dim": 32, "word_embed_proj_dim": 32,
+    "embedding_size": 32, "text_hidden_size": 32, "encoder_hidden_size": 32, "decoder_hidden_size": 32,
+    "projection_dim": 32, "out_hidden_size": 32, "output_hidden_size": 32, "projector_hidden_size": 32,
+    "hidden_size_global": 32, "audio_hidden_size": 32, "vision_output_dim": 32, "output_dim": 32,
+    "d_inner": 48, "emb_dim": 32, "embedding_dim": 32, "enc_emb_dim": 32, "enc_dim": 32, "model_in_dim": 32,
+    "encoder_hidden_dim": 32, "fusion_hidden_size": 32, "fpn_hidden_size": 32, "backbone_hidden_size": 32,
+    "pooler_output_size": 32, "image_text_hidden_size": 32, "pooler_hidden_size": 32, "patch_embed_hidden_size": 32,
+    "cross_hidden_size": 32, "memory_attention_hidden_size": 32, "memory_encoder_hidden_size": 32,
+    "mask_downsampler_embed_dim": 32, "memory_fuser_embed_dim": 32, "attention_hidden_size": 32,
+    "projection_size": 32, "downsample_hidden_size": 32, "mit_hidden_size": 32, "head_hidden_size": 32,
+    "audio_embed_dim": 32, "mm_embed_dim": 32, "unit_embed_dim": 32, "vit_dim": 32, "hidden_size_per_layer_input": 8,
+    "projector_input_dim": 32, "projector_output_dim": 32, "adapter_in_dim": 32, "adapter_out_dim": 32,
+    "adapter_input_size": 32, "conv_output_size": 32, "image_token_embed_dim": 32, "reassemble_hidden_size": 32,
+    "ple_embed_dim": 8, "feature_projection_input_dim": 32, "codevector_dim": 32, "proj_codevector_dim": 32,
+    "classifier_proj_size": 32, "xvector_output_dim": 32, "text_config_hidden_size": 32,
+    # feed-forward widths
+    "intermediate_size": 48, "d_ff": 48, "ffn_dim": 48, "encoder_ffn_dim": 48, "decoder_ffn_dim": 48,
+    "n_inner": 48, "hidden_dim": 48, "mlp_dim": 48, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16,
+    "decoder_intermediate_size": 48, "dense_intermediate_size": 48, "intermediate_size_mlp": 48, "dim_feedforward": 48,
+    "encoder_feedforward_dim": 48, "ffn_hidden_size": 48, "shared_intermediate_size": 16, "moe_hidden_size": 16,
+    "moe_shared_expert_intermediate_size": 16, "shared_experts_intermediate_size": 16, "share_expert_dim": 16,
+    "projection_intermediate_size": 48, "projection_hidden_dim": 48, "mit_intermediate_size": 48, "dff": 48,
+    "dim_ff": 48, "speech_encoder_intermediate_size": 48, "t2u_encoder_ffn_dim": 48, "t2u_decoder_ffn_dim": 48,
+    "encoder_linear_units": 48, "decoder_linear_units": 48, "alignment_intermediate_size": 48,
+    "memory_fuser_intermediate_dim": 48, "memory_attention_feed_forward_hidden_size": 48,
+    "iou_head_hidden_dim": 32, "memory_attention_mlp_hidden_size": 48, "projection_intermediate_dim": 48,
+    # depths (set together by ``tiny``: see DEPTHS)
+    # heads
+    "num_attention_heads": 4, "num_heads": 4, "n_head": 4, "n_heads": 4, "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4, "attention_heads": 4, "num_key_value_heads": 2, "encoder_kv_heads": 2,
+    "decoder_kv_heads": 2, "num_kv_heads": 2,
+    "head_dim": 8, "d_kv": 8, "kv_channels": 8, "rotary_dim": 4, "dim_head": 8, "swa_head_dim": 8,
+    "attention_head_dim": 8, "cross_head_dim": 8, "resampler_head_dim": 8, "linear_head_dim": 8,
+    # multi-head latent attention (DeepSeek V2/V3, Kimi, GLM-4 MoE lite, LongCat)
+    "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
+    "qk_head_dim": 16, "o_lora_rank": 16, "index_head_dim": 8, "index_n_heads": 2, "index_topk": 4,
+    # linear attention and state-space layers
+    "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+    "ssm_state_size": 8, "mamba_d_state": 8, "mamba_n_heads": 8, "mamba_d_head": 8, "mamba_head_dim": 8,
+    "mamba_num_heads": 8, "mamba_d_ssm": 64, "mamba_chunk_size": 8, "mamba_dt_rank": 4, "chunk_size": 8,
+    # experts
+    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_topk": 2,
+    "first_k_dense_replace": 1, "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "moe_num_experts": 4,
+    # vocabularies and positions
+    "vocab_size": VOCAB, "text_vocab_size": VOCAB, "input_vocab_size": VOCAB, "output_vocab_size": VOCAB,
+    "src_vocab_size": VOCAB, "tgt_vocab_size": VOCAB, "t2u_vocab_size": VOCAB, "unit_hifi_gan_vocab_size": VOCAB,
+    "vocab_size_per_layer_input": VOCAB, "audio_vocab_size": VOCAB, "vision_vocab_size": VOCAB,
+    "additional_vocab_size": 8, "entity_vocab_size": 64, "entity_emb_size": 32, "codebook_size": 64,
+    "max_position_embeddings": 64, "n_positions": 64, "n_ctx": 64, "max_seq_len": 64,
+    "max_source_positions": 32, "max_target_positions": 64, "t2u_max_position_embeddings": 64,
+    "max_2d_position_embeddings": 64, "num_position_embeddings": 64,
+    # images
+    "image_size": 64, "mm_tokens_per_image": 4, "num_kv_shared_layers": 2,
+}  # fmt: skip
+"""Every size the sweep shrinks, by config attribute name, wherever a config or sub-config has it
+as an integer (or None where a size is optional and ``OPTIONAL`` names it)."""
+
+WIDTH_LISTS = frozenset(
+    {
+        "hidden_sizes", "embed_dims", "embed_dim", "dims", "hidden_dims", "neck_hidden_sizes", "encoder_hidden_sizes",
+        "stage_out_channels", "stage_mid_channels", "stage_in_channels", "conv_dim", "tdnn_dim",
+        "backbone_channel_list", "decoder_in_channels", "encoder_in_channels", "embed_dim_per_stage",
+        "downsample_channels", "intermediate_size", "moe_intermediate_size", "enc_channels",
+        "layer_list_out_channels", "stem_channels", "fine_fusion_dims", "intermediate_feature_dims",
+        "scaled_images_feature_dims", "post_process_channels", "sscp_conv_channel_size",
+        "subsampling_conv_channels", "in_channels", "out_channels", "hidden_size",
+    }
+)  # fmt: skip
+"""Per-stage widths (hierarchical vision and audio stacks), scaled so the widest is 64."""
+DEPTH_LISTS = frozenset({"depths", "depth", "num_layers_per_stage", "stage_depths", "num_layers", "blocks_per_stage"})
+"""Per-stage depths, each cut to 2 (a windowed and a shifted-window block, say)."""
+HEAD_LISTS = frozenset({"num_heads", "num_attention_heads", "heads", "attention_heads"})
+"""Per-stage head counts, each the largest power of two up to half its value (at least 1)."""
+
+
+def _list(name: str, value: list[int]) -> list[int] | None:
+    """A per-stage list of sizes shrunk (None: not a size list this table knows)."""
+    if name == "image_size":
+        return [SIZES["image_size"]] * len(value)
+    if name in DEPTH_LISTS:
+        return [min(v, 2) for v in value]
+    if name in HEAD_LISTS:
+        return [max(1, 2 ** max(v // 2, 1).bit_length() // 2) for v in value]
+    if name in WIDTH_LISTS and max(value) > 64:
+        return [max(8, round(v * 64 / max(value) / 8) * 8) for v in value]
+    return None
+
+
+DEPTHS = frozenset(
+    {
+        "num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
+        "num_decoder_layers", "num_encoder_layers", "depth", "encoder_num_hidden_layers",
+    }
+)  # fmt: skip
+"""The depth fields, all set to the depth ``tiny`` searches for."""
+
+TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1}
+
+OPTIONAL = frozenset({"num_experts_per_tok", "head_dim"})
+CHOICES = {"use_timm_backbone": False, "use_pretrained_backbone": False}
+"""Choices a default config makes that need what this machine lacks: a timm backbone (timm is not
+installed) or pretrained weights (nothing downloads); transformers' own backbone instead."""
+
+PLACES = {"attn_layer_indices": [1]}
+"""Per-layer choices a default config leaves None that a checkpoint sets: Bamba's attention layers
+(none by default: a model of mamba layers only, which transformers' own cache cannot serve)."""
+"""Sizes a default config leaves None that its model still reads as a number (DeepSeek-V2's
+``topk(k=None)``, Hunyuan's ``head_dim ** -0.5``)."""
+
+KIND_PATTERNS = {
+    "experts": re.compile(r"Expert|MoE|Moe|Sparse|Router|Switch"),
+    "mamba": re.compile(r"Mamba|SSM|Ssm"),
+    "linear attention": re.compile(r"DeltaNet|LinearAttention|Lightning|Retention|ShortConv"),
+}
+"""Module class names that make a layer kind worth naming in the table."""
+
+
+PLACEHOLDERS = {"image": VOCAB - 1, "video": VOCAB - 2, "audio": VOCAB - 3}
+"""The ids of the placeholder tokens (an image's, a video's, an audio clip's features in the text):
+the top of the shrunk vocabulary, which ``hf_inputs`` never draws text from."""
+
+
+def special(name: str) -> int:
+    """The shrunk id of a special token (``image_token_id`` -> ``VOCAB - 1``; any other out-of-range
+    special token a fixed id among the top 16 below the placeholders)."""
+    kind = name.split("_", 1)[0]
+    if kind in PLACEHOLDERS and name in (f"{kind}_token_id", f"{kind}_token_index"):
+        return PLACEHOLDERS[kind]
+    return VOCAB - 4 - sum(name.encode()) % 12
+
+
+class Tiny(NamedTuple):
+    config: Any
+    depth: int
+    kinds: frozenset[str]  # every module class and layer type of the full-depth model, all built here
+    parameters: int
+
+
+def _fields(cls: type) -> set[str]:
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+    return set(inspect.signature(cls.__init__).parameters) - {"self", "kwargs"}
+
+
+def _pattern(value: Any, depth: int) -> Any:
+    """A per-layer pattern cut to ``depth``: one of each entry first (in order), then repeating."""
+    seen = list(dict.fromkeys(value))
+    cut = [seen[i % len(seen)] for i in range(depth)] if seen else []
+    return "".join(cut) if isinstance(value, str) else cut
+
+
+def _overrides(config: Any, depth: int, full_depth: int | None) -> dict[str, Any]:
+    """The constructor arguments that shrink ``config`` (and its sub-configs) to ``depth`` layers."""
+    from transformers import PretrainedConfig
+
+    names = _fields(type(config))
+    kw: dict[str, Any] = {}
+    for name in names:
+        try:
+            value = getattr(config, name, None)
+        except Exception:  # noqa: BLE001 - a per-layer attribute read globally (Gemma 4): set for every layer
+            if name in SIZES:
+                kw[name] = SIZES[name]
+            continue
+        if full_depth and full_depth > 1 and _per_layer(name, value, full_depth):
+            cut = _pattern(value, depth)  # one entry per layer: sizes among them shrunk like the rest
+            kw[name] = [SIZES[name]] * depth if name in SIZES and all(isinstance(v, int) for v in cut) else cut
+        elif isinstance(value, PretrainedConfig) and value.model_type.startswith("timm"):
+            kw[name], kw["use_timm_backbone"] = None, False  # timm is not installed: transformers' own backbone
+        elif isinstance(value, PretrainedConfig):
+            kw[name] = shrunk(value, depth)
+        elif name in DEPTHS and isinstance(value, int) and not isinstance(value, bool):
+            kw[name] = depth
+        elif name in SIZES and (
+            (isinstance(value, int) and not isinstance(value, bool) and value > 0)
+            or (value is None and name in OPTIONAL)
+        ):
+            kw[name] = SIZES[name]
+        elif (
+            isinstance(value, (list, tuple))
+            and value
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+            and _list(name, value) is not None
+        ):
+            kw[name] = type(value)(_list(name, list(value)))
+        elif name == "attention_types" and isinstance(value, list) and value and isinstance(value[0], list):
+            kinds = value[0][0]  # GPT-Neo's [[kinds, repeats]]: the kinds repeated to the depth
+            kw[name] = [[kinds, max(1, depth // len(kinds))]]
+        elif name in CHOICES and value != CHOICES[name]:
+            kw[name] = CHOICES[name]
+        elif name in PLACES and value is None:
+            kw[name] = PLACES[name]
+        elif name in TOKENS and isinstance(value, int):
+            kw[name] = TOKENS[name]
+        elif name.endswith(("_token_id", "_token_index")) and isinstance(value, int) and value >= VOCAB - 16:
+            kw[name] = special(name)
+    if "kv_lora_rank" in kw and "num_key_value_heads" in kw:  # latent attention: every head has its keys
+        kw["num_key_value_heads"] = kw.get("num_attention_heads", SIZES["num_attention_heads"])
+    for name in ("rope_parameters", "rope_scaling"):
+        if isinstance(kw.get(name, getattr(config, name, None)), dict):
+            rope = _rope(dict(getattr(config, name)), kw, config)
+            if rope is not None:
+                kw[name] = rope
+    return kw
+
+
+def _rope(rope: dict[str, Any], kw: dict[str, Any], config: Any) -> dict[str, Any] | None:
+    """RoPE sections (Qwen2-VL's ``mrope_section``: rotary frequencies per axis) rescaled to sum to
+    the shrunk head's rotary half, in the full config's proportions."""
+    head = kw.get("head_dim") or SIZES["head_dim"]
+    factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
+    half = max(int(head * factor) // 2, 1)
+    changed = False
+    for key in getattr(type(config), "ignore_keys_at_rope_validation", None) or ():
+        if "section" in key and key not in rope:  # the model's code has a default for the full head: [16, 24, 24]
+            rope[key] = [2, 3, 3]
+    for key, value in rope.items():
+        if "section" in key and isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+            total = sum(value)
+            if total != half and total > 0:
+                cut = [v * half // total for v in value]
+                for i in sorted(range(len(value)), key=lambda i: -value[i])[: half - sum(cut)]:
+                    cut[i] += 1
+                rope[key], changed = cut, True
+    return rope if changed else None
+
+
+def _per_layer(name: str, value: Any, depth: int) -> bool:
+    """Whether ``value`` is a per-layer pattern of a ``depth``-layer config: a list of layer names
+    or flags, or a string of one letter per layer (Nemotron-H's ``hybrid_override_pattern``)."""
+    if isinstance(value, str):
+        return "pattern" in name and len(value) == depth
+    return isinstance(value, list) and len(value) == depth and all(isinstance(v, (str, bool, int)) for v in value)
+
+
+def _depth(config: Any) -> int | None:
+    for name in ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers", "encoder_layers"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def shrunk(config: Any, depth: int) -> Any:
+    """``config``'s class built again with every size of ``SIZES`` and ``depth`` layers."""
+    return type(config)(**_overrides(config, depth, _depth(config)))
+
+
+def _kinds(model: Any, config: Any) -> set[str]:
+    from transformers import PretrainedConfig
+
+    kinds = {type(m).__name__ for m in model.modules()}
+
+    def types(c: Any, level: int = 0) -> None:
+        for value in getattr(c, "layer_types", None) or ():
+            kinds.add(f"layer_types:{value}")
+        if level < 3:
+            for sub in vars(c).values():
+                if isinstance(sub, PretrainedConfig):
+                    types(sub, level + 1)
+
+    types(config)
+    return kinds
+
+
+def meta_model(head: Any, config: Any) -> Any:
+    import torch
+
+    with torch.device("meta"):
+        return head.from_config(copy.deepcopy(config))
+
+
+def tiny(model_type: str, head: Any) -> Tiny:
+    """The tiny config of ``model_type`` for the model class ``head`` (an auto class or a model class)."""
+    from transformers import AutoConfig
+
+    default = AutoConfig.for_model(model_type)
+    full_depth = _depth(default) or 2
+    full = shrunk(default, full_depth)
+    want = _kinds(meta_model(head, full), full)
+    best: Tiny | None = None
+    failure: Exception | None = None
+    for depth in range(min(2, full_depth), min(full_depth, MAX_DEPTH) + 1):
+        try:  # some depths cannot be built (Gemma 3n's shared-cache layers need layers to share from)
+            config = shrunk(default, depth)
+            model = meta_model(head, config)
+        except Exception as e:  # noqa: BLE001 - the next depth may build; the first failure is the reason
+            failure = failure or e
+            continue
+        have = _kinds(model, config)
+        if best is None or len(want & have) > len(best.kinds):
+            best = Tiny(config, depth, frozenset(want & have), sum(p.numel() for p in model.parameters()))
+        if have >= want:
+            break
+    if best is None:
+        assert failure is not None
+        raise failure
+    return best
+
+
+def named_kinds(kinds: frozenset[str]) -> list[str]:
+    """The layer kinds worth a word in the table: layer types, experts, mamba, linear attention."""
+    named = sorted(k.split(":", 1)[1] for k in kinds if k.startswith("layer_types:"))
+    for word, pattern in KIND_PATTERNS.items():
+        if any(pattern.search(k) for k in kinds if ":" not in k):
+            named.append(word)
+    return named
