@@ -38,8 +38,13 @@ STATUS = {
 }
 
 
+_MARKDOWN = str.maketrans({c: "\\" + c for c in "\\`*_[]<>"})
+
+
 def _cell(text: str, limit: int = 220) -> str:
-    return text.replace("|", "/").replace("\n", " ")[:limit]
+    """One table cell of transformers' own words: shortened, then shown as written (an error's
+    ``['partial_rotary_factor']`` is not a cross-reference, ``<class>`` not HTML, ``*`` not emphasis)."""
+    return text.replace("|", "/").replace("\n", " ")[:limit].translate(_MARKDOWN)
 
 
 def rows(outcomes: list | None = None) -> list[tuple[str, ...]]:
