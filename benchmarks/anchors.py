@@ -4,7 +4,7 @@
     /work/anchors-venv/bin/python benchmarks/anchors.py --quick    # 3 rounds
     /work/anchors-venv/bin/python benchmarks/anchors.py --peers "vLLM CPU,qkv" --workloads W3
 
-The peers live in their own venv (``scripts/anchors-setup`` makes it; BENCHMARKS.md, "Anchors",
+The peers live in their own venv (``scripts/anchors-setup`` makes it; benchmarks/LOG.md, "Anchors",
 has the lines); a peer whose package is absent is a row that says so. Workloads (B = 1):
 
     W1  dense forward, H=8, N=4096, D=64            W4  decode: 1 query, 32/8 heads, D=128, 32k keys

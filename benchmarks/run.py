@@ -1,6 +1,6 @@
 """Run a named qkv benchmark suite and print its tables (optionally save JSON / Markdown).
 
-    python benchmarks/run.py --suite targets            # the targets of BENCHMARKS.md (~8 minutes)
+    python benchmarks/run.py --suite targets            # the targets of benchmarks/LOG.md (~8 minutes)
     python benchmarks/run.py --suite sliding --mode fwd --n 1024,4096,16384
     python benchmarks/run.py --suite quick --quick      # seconds
 

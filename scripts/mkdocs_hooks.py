@@ -133,6 +133,6 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
 def on_serve(server: Any, config: Any, builder: Any) -> Any:
     """``mkdocs serve`` rebuilds when an included file changes."""
     root = _root(config)
-    for name in ("BENCHMARKS.md", "CHANGELOG.md"):
+    for name in ("BENCHMARKS.md", "benchmarks/LOG.md", "CHANGELOG.md"):
         server.watch(str(root / name))
     return server

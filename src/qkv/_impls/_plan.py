@@ -53,7 +53,7 @@ SMALL = 256 * 256
 (BENCHMARKS.md); only where the compiled engine cannot run the call."""
 
 FASTER_THAN_SDPA = frozenset({"avx2", "avx512", "avx512bf16"})
-"""The compiled engine's ISA paths measured faster than SDPA on dense work (BENCHMARKS.md, "ISA
+"""The compiled engine's ISA paths measured faster than SDPA on dense work (benchmarks/LOG.md, "ISA
 paths against SDPA"; Zen 5: AVX-512 1.98x dense, AVX2 1.18x; "avx512bf16" is the AVX-512 path
 plus vdpbf16ps for bfloat16, the same float32 code). Under any other path rule C leaves SDPA the
 calls it can run: "portable" (x86 without AVX2, other CPUs) measured 0.11x; "neon" (arm64) is

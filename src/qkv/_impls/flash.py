@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 BLOCK_Q = 256
 BLOCK_K = 512
-"""Default tile sizes (see BENCHMARKS.md: 256 x 512 float32 scores are 512 KiB per head, and
+"""Default tile sizes (see benchmarks/LOG.md: 256 x 512 float32 scores are 512 KiB per head, and
 large enough that per-tile Python overhead stays under a few percent). A call forces others
 with ``Call.tiles`` (``build_call(..., tiles=(bq, bk))``: tests and benchmarks)."""
 
@@ -49,7 +49,7 @@ def tile_sizes(nq: int, nk: int, block_q: int | None = None, block_k: int | None
 
 
 CANDIDATES = ((BLOCK_Q, BLOCK_K), (128, 256), (128, 128))
-PARTIAL_COST = 1.7  # a PARTIAL tile costs ~1.7x a FULL one per entry (mask tile built and added; BENCHMARKS.md)
+PARTIAL_COST = 1.7  # a PARTIAL tile costs ~1.7x a FULL one per entry (mask tile built and added; benchmarks/LOG.md)
 TILE_OVERHEAD = 43_000  # per-tile Python and dispatch cost, in entry-heads (~90 us at ~2 ns per entry-head)
 
 
@@ -57,7 +57,7 @@ def choose_tiles(c: Call) -> tuple[int, int]:
     """Tile sizes for ``c``: ``c.tiles`` when given, else the candidate with the lowest modelled cost.
 
     Dense calls keep the large default tiles; a narrow band (sliding window, causal documents)
-    is followed more closely by small tiles, which keep fewer hidden entries (BENCHMARKS.md:
+    is followed more closely by small tiles, which keep fewer hidden entries (benchmarks/LOG.md:
     128 x 128 is ~1.8x faster than 256 x 512 on a 256-wide window). Only masks whose tiles
     are classified analytically are modelled, so choosing costs no mask evaluation.
     """

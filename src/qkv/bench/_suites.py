@@ -3,7 +3,7 @@
 ``run_suite(name)`` walks every (workload, mode) over increasing N; a candidate's time at one
 N predicts its time at the next (``∝ N²``, ``∝ N`` for decoding), and candidates predicted to
 exceed ``max_call_s`` are skipped, so each suite stays within minutes on a 2-core machine.
-``"targets"`` is the list of goals in BENCHMARKS.md (``_targets``); there the ``workloads`` filter takes
+``"targets"`` is the list of goals in benchmarks/LOG.md (``_targets``); there the ``workloads`` filter takes
 the target groups ``dense, sliding, document, memory, decode``.
 """
 

@@ -1,4 +1,4 @@
-"""The targets of BENCHMARKS.md, measured as interleaved ratios and checked against their goals.
+"""The targets of benchmarks/LOG.md (issue 14), measured as interleaved ratios and checked against their goals.
 
 Each target gives timing rows (``run_case``) plus ``kind = "target"`` rows:
 ``target, impl, measure, value, q1, q3, goal, met, verdict`` where ``value`` is the median of
@@ -227,7 +227,7 @@ TARGET_GROUPS = ("dense", "causal", "sliding", "document", "bf16", "memory", "de
 def run_targets(
     quick: bool = False, quiet_s: float = 0.0, progress: Progress = None, only: Sequence[str] | None = None
 ) -> list[dict[str, Any]]:
-    """Every target in BENCHMARKS.md, or the groups in ``only`` (``TARGET_GROUPS``); ``quick``: the
+    """Every target in benchmarks/LOG.md, or the groups in ``only`` (``TARGET_GROUPS``); ``quick``: the
     same checks at small sizes, FlexAttention left out."""
     unknown = set(only or ()) - set(TARGET_GROUPS)
     if unknown:

@@ -1,6 +1,6 @@
 """Benchmark workloads: shapes, masks, inputs and the FLOPs they are worth.
 
-Defaults follow the targets in BENCHMARKS.md: B = 1, H = 8, D = 64, float32. Every workload has ``Nq = Nk = n``
+Defaults follow the targets in benchmarks/LOG.md: B = 1, H = 8, D = 64, float32. Every workload has ``Nq = Nk = n``
 except decoding (one query against an ``n``-long KV cache). FLOPs count only the (query, key)
 pairs the mask allows ("entries"), so every implementation is credited with the same useful
 work and GFLOP/s ratios equal speed ratios; ``count="tiles"`` counts instead the entries of

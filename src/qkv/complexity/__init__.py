@@ -32,7 +32,7 @@ Bytes: ``c`` is the compute itemsize (float32 for half precision), ``L = B·H``.
 - ``score_bytes``: one materialised ``(B, H, Nq, Nk)`` matrix, ``L·Nq·Nk·c``, for the
   reference; 0 for flash and torch (fused kernels never hold it).
 - ``peak_bytes``: memory beyond the inputs and the output at the call's peak, as measured
-  (BENCHMARKS.md): reference 3 score matrices forward (S, exp(S − m), A) and 7 with
+  (benchmarks/LOG.md): reference 3 score matrices forward (S, exp(S − m), A) and 7 with
   ``backward`` (torch autograd keeps exp(S − m) and A and builds the gradients beside them;
   NumPy's ``attention_backward`` needs 4), plus the dense boolean mask; flash on the compiled
   engine ``lse`` and, per thread, one widened key tile with 16-row strips (backward: the strips
