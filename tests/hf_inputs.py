@@ -71,11 +71,20 @@ def _pixels(config: Any, g: Any, size: int | None = None) -> Any:
     return torch.randn(B, channels, side, side, generator=g)
 
 
-def _boxes(length: int, g: Any) -> Any:
+def _video(config: Any, g: Any) -> Any | None:
+    """A clip ``(B, frames, C, H, W)`` for a model whose config counts frames (None: it does not)."""
+    frames = _int(_sub(config, "vision_config"), "num_frames", default=0) or _int(config, "num_frames", default=0)
+    return _pixels(config, g)[:, None].expand(-1, frames, -1, -1, -1).clone() if frames else None
+
+
+def _boxes(config: Any, length: int, g: Any) -> Any:
+    """Boxes ``(B, length, 4)`` as ``x0 y0 x1 y1`` within the model's coordinate range
+    (``max_2d_position_embeddings``: 1000 for a checkpoint, its shrunk size here)."""
     import torch
 
-    corner = torch.randint(0, 500, (B, length, 2), generator=g)
-    extent = torch.randint(1, 400, (B, length, 2), generator=g)
+    limit = _int(config, "max_2d_position_embeddings", default=1000)
+    corner = torch.randint(0, limit // 2, (B, length, 2), generator=g)
+    extent = torch.randint(1, limit // 2, (B, length, 2), generator=g)
     return torch.cat([corner, corner + extent], -1)
 
 
@@ -83,9 +92,8 @@ def _audio_features(config: Any, g: Any) -> Iterator[Any]:
     import torch
 
     audio = _sub(config, "audio_config", "encoder_config", "speech_config", "encoder")
-    mel = _int(
-        audio, "num_mel_bins", "feature_size", "n_mels", "input_feat_size", "input_dim", "n_mel_bins", default=80
-    )
+    names = ("num_mel_bins", "feature_size", "n_mels", "input_feat_size", "input_dim", "n_mel_bins")
+    mel = _int(audio, *names, default=80)
     per_channel = getattr(audio, "input_feat_per_channel", None)
     if isinstance(per_channel, int):
         mel = per_channel * _int(audio, "input_channels", default=1)
@@ -94,6 +102,9 @@ def _audio_features(config: Any, g: Any) -> Iterator[Any]:
     yield torch.randn(B, frames, mel, generator=g)
     yield torch.randn(B, mel, 64, generator=g)
     yield torch.randn(B, 64, mel, generator=g)
+    projected = _int(audio, "feature_projection_input_dim", default=0)  # stacked frames (w2v-BERT's 2 x 80)
+    if projected and projected != mel:
+        yield torch.randn(B, 64, projected, generator=g)
 
 
 def _grid_pixels(config: Any, g: Any) -> dict[str, Any]:
@@ -216,7 +227,7 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
             text["input_ids"] = text["input_ids"].masked_fill(am == 0, 0)
             text["attention_mask"] = am
         if "bbox" in params:
-            text["bbox"] = _boxes(SEQ, g)
+            text["bbox"] = _boxes(config, SEQ, g)
     if is_encoder_decoder(config) and "decoder_input_ids" in params:
         text["decoder_input_ids"] = _ids(config, g, DEC)
     if "pixel_values" in params and "input_ids" in text:
@@ -247,12 +258,15 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
         }
         sides.append(("image patches", side))
     if "pixel_values" in params:
+        video = _video(config, g)
+        sides += [("video", {"pixel_values": video})] if video is not None else []
         sides += [
             ("pixels", {"pixel_values": _pixels(config, g)}),
             ("pixels 64", {"pixel_values": _pixels(config, g, 64)}),
         ]
     if "input_values" in params:
         sides += [(f"waveform {n}", {"input_values": torch.randn(B, n, generator=g)}) for n in (4000, 16000)]
+        sides += [("spectrogram", {"input_values": f}) for f in _audio_features(config, g)]  # AST's (B, frames, mel)
     if "input_features" in params:
         for f in _audio_features(config, g):
             side = {"input_features": f}

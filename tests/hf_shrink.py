@@ -79,7 +79,8 @@ SIZES = {
     "max_position_embeddings": 64, "n_positions": 64, "n_ctx": 64, "max_seq_len": 64,
     "max_source_positions": 32, "max_target_positions": 64, "t2u_max_position_embeddings": 64,
     "max_2d_position_embeddings": 64, "num_position_embeddings": 64,
-    # images
+    # images, clips and spectrograms
+    "num_frames": 4, "max_length": 64, "coordinate_size": 4, "shape_size": 8,
     "image_size": 64, "mm_tokens_per_image": 4, "num_kv_shared_layers": 2,
 }  # fmt: skip
 """Every size the sweep shrinks, by config attribute name, wherever a config or sub-config has it
@@ -120,6 +121,7 @@ DEPTHS = frozenset(
     {
         "num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
         "num_decoder_layers", "num_encoder_layers", "depth", "encoder_num_hidden_layers",
+        "speech_encoder_layers", "t2u_encoder_layers", "t2u_decoder_layers",
     }
 )  # fmt: skip
 """The depth fields, all set to the depth ``tiny`` searches for."""
@@ -127,6 +129,8 @@ DEPTHS = frozenset(
 TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1}
 
 OPTIONAL = frozenset({"num_experts_per_tok", "head_dim"})
+"""Sizes a default config leaves None that its model still reads as a number (DeepSeek-V2's
+``topk(k=None)``, Hunyuan's ``head_dim ** -0.5``)."""
 CHOICES = {"use_timm_backbone": False, "use_pretrained_backbone": False}
 """Choices a default config makes that need what this machine lacks: a timm backbone (timm is not
 installed) or pretrained weights (nothing downloads); transformers' own backbone instead."""
@@ -134,8 +138,9 @@ installed) or pretrained weights (nothing downloads); transformers' own backbone
 PLACES = {"attn_layer_indices": [1]}
 """Per-layer choices a default config leaves None that a checkpoint sets: Bamba's attention layers
 (none by default: a model of mamba layers only, which transformers' own cache cannot serve)."""
-"""Sizes a default config leaves None that its model still reads as a number (DeepSeek-V2's
-``topk(k=None)``, Hunyuan's ``head_dim ** -0.5``)."""
+NO_ATTENTION = frozenset({"linear_attention", "mamba"})
+"""Layer types of a default config made of state-space layers only (GraniteMoeHybrid's), which no
+checkpoint is and transformers' own cache cannot serve: the shrunk config's last layer attends."""
 
 KIND_PATTERNS = {
     "experts": re.compile(r"Expert|MoE|Moe|Sparse|Router|Switch"),
@@ -194,6 +199,8 @@ def _overrides(config: Any, depth: int, full_depth: int | None) -> dict[str, Any
             continue
         if full_depth and full_depth > 1 and _per_layer(name, value, full_depth):
             cut = _pattern(value, depth)  # one entry per layer: sizes among them shrunk like the rest
+            if name == "layer_types" and depth > 1 and set(cut) <= NO_ATTENTION:
+                cut[-1] = "full_attention"  # as a checkpoint has: transformers' cache needs one attention layer
             kw[name] = [SIZES[name]] * depth if name in SIZES and all(isinstance(v, int) for v in cut) else cut
         elif isinstance(value, PretrainedConfig) and value.model_type.startswith("timm"):
             kw[name], kw["use_timm_backbone"] = None, False  # timm is not installed: transformers' own backbone
@@ -263,7 +270,7 @@ def _per_layer(name: str, value: Any, depth: int) -> bool:
     return isinstance(value, list) and len(value) == depth and all(isinstance(v, (str, bool, int)) for v in value)
 
 
-def _depth(config: Any) -> int | None:
+def _own_depth(config: Any) -> int | None:
     for name in ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers", "encoder_layers"):
         value = getattr(config, name, None)
         if isinstance(value, int) and not isinstance(value, bool):
@@ -271,9 +278,19 @@ def _depth(config: Any) -> int | None:
     return None
 
 
+def _depth(config: Any) -> int | None:
+    """The config's depth; a composite config's (a speech or vision model around a text model) is
+    its deepest sub-config's, so the layer kinds of every part are searched for."""
+    from transformers import PretrainedConfig
+
+    own = _own_depth(config)
+    subs = [_own_depth(v) for v in vars(config).values() if isinstance(v, PretrainedConfig)]
+    return own or max((d for d in subs if d), default=None)
+
+
 def shrunk(config: Any, depth: int) -> Any:
     """``config``'s class built again with every size of ``SIZES`` and ``depth`` layers."""
-    return type(config)(**_overrides(config, depth, _depth(config)))
+    return type(config)(**_overrides(config, depth, _own_depth(config)))
 
 
 def _kinds(model: Any, config: Any) -> set[str]:
