@@ -73,7 +73,8 @@ def _pixels(config: Any, g: Any, size: int | None = None) -> Any:
 
 def _video(config: Any, g: Any) -> Any | None:
     """A clip ``(B, frames, C, H, W)`` for a model whose config counts frames (None: it does not)."""
-    frames = _int(_sub(config, "vision_config"), "num_frames", default=0) or _int(config, "num_frames", default=0)
+    names = ("num_frames", "frames_per_clip")
+    frames = _int(_sub(config, "vision_config"), *names, default=0) or _int(config, *names, default=0)
     return _pixels(config, g)[:, None].expand(-1, frames, -1, -1, -1).clone() if frames else None
 
 
@@ -257,6 +258,9 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
             "spatial_shapes": shapes,
         }
         sides.append(("image patches", side))
+    if "pixel_values_videos" in params and "input_ids" not in params:  # a video encoder (V-JEPA 2)
+        video = _video(config, g)
+        sides += [("video", {"pixel_values_videos": video})] if video is not None else []
     if "pixel_values" in params:
         video = _video(config, g)
         sides += [("video", {"pixel_values": video})] if video is not None else []
@@ -266,6 +270,7 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
         ]
     if "input_values" in params:
         sides += [(f"waveform {n}", {"input_values": torch.randn(B, n, generator=g)}) for n in (4000, 16000)]
+        sides += [("waveform 4000, 1 channel", {"input_values": torch.randn(B, 1, 4000, generator=g)})]  # codecs
         sides += [("spectrogram", {"input_values": f}) for f in _audio_features(config, g)]  # AST's (B, frames, mel)
     if "input_features" in params:
         for f in _audio_features(config, g):

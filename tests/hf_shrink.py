@@ -79,7 +79,19 @@ SIZES = {
     "max_position_embeddings": 64, "n_positions": 64, "n_ctx": 64, "max_seq_len": 64,
     "max_source_positions": 32, "max_target_positions": 64, "t2u_max_position_embeddings": 64,
     "max_2d_position_embeddings": 64, "num_position_embeddings": 64,
+    # experts, embeddings and latents some families name their own way
+    "expert_ffn_hidden_size": 16, "zero_expert_num": 2, "shape_embed_dim": 8, "pronunciation_embed_dim": 8,
+    "shape_vocab_size": 64, "pronunciation_vocab_size": 64, "encoder_hash_byte_group_vocab": 64,
+    "unpadded_vocab_size": VOCAB, "d_latents": 32, "num_latents": 16, "pred_hidden_size": 32,
+    "pred_num_attention_heads": 4, "fpn_feature_size": 32, "mask_feature_size": 32, "class_embed_dim": 32,
+    "decoder_dim_feedforward": 48, "decoder_hidden_dim": 32, "encoder_dim_feedforward": 48,
+    "task_encoder_hidden_dim": 32, "text_projection_in_dim": 32, "text_projection_out_dim": 32,
+    "nemo_conv_channels": 32, "depthwise_separable_out_channel": 32, "ext_pw_out_channel": 32,
+    # audio codecs and vocoders: convolution widths
+    "num_filters": 4, "upsample_groups": 32, "upsample_initial_channel": 32, "kernel_predictor_hidden_channels": 8,
+    "base_channels": 32, "latent_channels": 32, "num_embeddings": 64, "patch_embeds_hidden_size": 8,
     # images, clips and spectrograms
+    "crop_size": 64, "frames_per_clip": 4,
     "num_frames": 4, "max_length": 64, "coordinate_size": 4, "shape_size": 8,
     "image_size": 64, "mm_tokens_per_image": 4, "num_kv_shared_layers": 2,
 }  # fmt: skip
@@ -121,7 +133,8 @@ DEPTHS = frozenset(
     {
         "num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
         "num_decoder_layers", "num_encoder_layers", "depth", "encoder_num_hidden_layers",
-        "speech_encoder_layers", "t2u_encoder_layers", "t2u_decoder_layers",
+        "speech_encoder_layers", "t2u_encoder_layers", "t2u_decoder_layers", "num_self_attends_per_block",
+        "pred_num_hidden_layers",
     }
 )  # fmt: skip
 """The depth fields, all set to the depth ``tiny`` searches for."""
