@@ -88,6 +88,30 @@ def test_a_compiled_call_is_one_graph_and_equals_eager(name):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
 
 
+SIZE_FREE = ["dense", "causal", "window", "padding-tensor", "longformer", "dilated", "chunked", "prefix-lm"]
+SIZE_FREE += ["softcap", "alibi", "relative-temperature", "sinks", "dropout-seed"]
+
+
+@pytest.mark.parametrize("name", _params(SIZE_FREE))
+def test_a_call_compiled_with_dynamic_shapes_is_one_graph_and_equals_eager(name):
+    """``dynamic=True``, and what a compiled function becomes after a recompile for another size
+    (automatic dynamic shapes): the sizes are symbols, and nothing on qkv's road may format or
+    branch on them in a way Dynamo cannot trace (an error message's shapes were formatted on every
+    call: ``str.join`` over symbolic sizes broke ``fullgraph``)."""
+
+    def fn(q, k, v):
+        return qkv.attention(q, k, v, **CASES[name]())
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager", dynamic=True)
+    for n in (N, N + 7):  # B stays 2: the padding lengths are per sequence
+        q, k, v = _inputs(n=n, seed=n)
+        want, got = _run(fn, q, k, v), _run(compiled, q, k, v)
+        torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+        for g, w in zip(got[1], want[1], strict=True):
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
 def test_a_compiled_call_is_one_graph_with_jax_imported_too():
     """With jax imported, recognising a JAX array went through array_api_compat's lru_cached check,
     which torch's tracer warns about (an error under warnings-as-errors) for `scores.alibi()`'s
@@ -278,6 +302,16 @@ def test_a_transformers_model_compiles_without_graph_breaks_forward_and_static_c
             want = model(**kw).logits
             got = torch.compile(model, fullgraph=True, backend="aot_eager")(**kw).logits
         keep = am.bool() if "attention_mask" in kw else slice(None)
+        torch.testing.assert_close(got[keep], want[keep], atol=1e-5, rtol=1e-5)
+    # dynamic shapes (what the default becomes after a recompile for another size): two lengths, one graph
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager", dynamic=True)
+    for n in (10, 7):
+        with torch.no_grad():
+            want, got = (
+                model(ids[:, -n:], attention_mask=am[:, -n:]).logits,
+                compiled(ids[:, -n:], attention_mask=am[:, -n:]).logits,
+            )
+        keep = am[:, -n:].bool()
         torch.testing.assert_close(got[keep], want[keep], atol=1e-5, rtol=1e-5)
     if name == "mistral":
         return  # static-cache generate with a sliding window fails uncompiled too: the transformers issue (23)

@@ -122,11 +122,15 @@ def test_a_sliding_window_model_keeps_every_token_and_its_mask_hides_them(static
 
 @pytest.mark.skipif(not _native.available(), reason="compiled engine unavailable")
 @pytest.mark.parametrize("fmt", ["int8", pytest.param("float8_e4m3fn", marks=pytest.mark.slow)])
-def test_a_compiled_static_cache_generates_the_uncompiled_tokens(fmt):
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+def test_a_compiled_static_cache_generates_the_uncompiled_tokens(fmt, dynamic):
+    """``dynamic=True`` is also what the default becomes once the same forward was compiled for
+    other sizes (automatic dynamic shapes, shared by every model of the class): CI met it that way."""
     model = _llama()
     ids, mask = _batch(True)
     want = _generate(model, ids, qt.QuantizedCache(model.config, dtype=fmt, max_cache_len=32), mask)
-    step = torch.compile(model.forward, fullgraph=True, backend="aot_eager")
+    torch._dynamo.reset()
+    step = torch.compile(model.forward, fullgraph=True, backend="aot_eager", dynamic=dynamic)
     model.forward = step
     got = _generate(model, ids, qt.QuantizedCache(model.config, dtype=fmt, max_cache_len=32), mask)
     assert torch.equal(got[0], want[0])

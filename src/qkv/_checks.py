@@ -5,6 +5,9 @@ Impls trust the ``Dims`` they receive; each rule here has its own ``ShapeError``
 """
 
 import math
+import sys
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -46,6 +49,9 @@ def check_int(
     return int(value)
 
 
+_LARGEST = sys.float_info.max
+
+
 def check_number(
     value: Any,
     name: str,
@@ -65,7 +71,7 @@ def check_number(
         raise error(f"{name} must be {what}{_bounds(minimum, maximum)}, got {value!r}") from None
     if (
         isinstance(value, (bool, np.bool_))
-        or not math.isfinite(v)
+        or not abs(v) <= _LARGEST  # math.isfinite, spelled so Dynamo traces it under dynamic shapes
         or (positive and v <= 0)
         or (minimum is not None and v < minimum)
         or (maximum is not None and v > maximum)
@@ -100,7 +106,16 @@ def _shapes(**arrays: Array) -> str:
     return ", ".join(f"{n}: {tuple(a.shape)}" for n, a in arrays.items())
 
 
-def _broadcast(name_a: str, a: tuple[int, ...], name_b: str, b: tuple[int, ...], shapes: str) -> tuple[int, ...]:
+def shapes_of(**arrays: Array) -> Callable[[], str]:
+    """The arrays' shapes for an error message, formatted only when one is raised: under
+    ``torch.compile`` with dynamic shapes the sizes are symbolic, and formatting them (Dynamo
+    cannot trace ``str.join`` over them) would break the graph on every call, not only a bad one."""
+    return partial(_shapes, **arrays)
+
+
+def _broadcast(
+    name_a: str, a: tuple[int, ...], name_b: str, b: tuple[int, ...], shapes: Callable[[], str]
+) -> tuple[int, ...]:
     """Broadcast two batch shapes (right-aligned), naming the first axis that disagrees."""
     n = max(len(a), len(b))
     a1, b1 = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
@@ -110,20 +125,20 @@ def _broadcast(name_a: str, a: tuple[int, ...], name_b: str, b: tuple[int, ...],
             axis = ax - n - 3  # counted from the end, past (H, N, D)
             raise ShapeError(
                 f"{name_b} has size {y} on batch axis {axis} but {name_a} has size {x}, and neither is 1, "
-                f"so they do not broadcast ({shapes})"
+                f"so they do not broadcast ({shapes()})"
             )
         out.append(max(x, y))
     return tuple(out)
 
 
-def check_heads(h: int, hkv: int, shapes: str = "") -> None:
+def check_heads(h: int, hkv: int, shapes: Callable[[], str] | None = None) -> None:
     """``H % Hkv == 0`` (each kv head serves ``H // Hkv`` consecutive query heads)."""
     if h == 0 and hkv >= 0:
         return  # no query heads: an empty call (SDPA returns the empty result)
     if hkv < 1 or h % hkv:
         raise ShapeError(
             f"q has H={h} heads on axis -3 but k has Hkv={hkv}, and H is not a multiple of Hkv"
-            + (f" ({shapes})" if shapes else "")
+            + (f" ({shapes()})" if shapes is not None else "")
         )
 
 
@@ -134,12 +149,12 @@ def check_qkv(q: Array, k: Array, v: Array, *, quantized: bool = False) -> Dims:
     ``quantized``: ``k`` and ``v`` are the 8-bit values of a ``Quantized`` cache (their dtypes
     are the format's, checked there), so only ``q`` must be floating point.
     """
-    shapes = _shapes(q=q, k=k, v=v)
+    shapes = shapes_of(q=q, k=k, v=v)
     for name, a in (("q", q), ("k", k), ("v", v)):
         if a.ndim < 2:
-            raise ShapeError(f"{name} has {a.ndim} axes but needs at least 2, (..., N, D) ({shapes})")
+            raise ShapeError(f"{name} has {a.ndim} axes but needs at least 2, (..., N, D) ({shapes()})")
         if not is_floating(a) and not (quantized and name != "q"):
-            raise DTypeError(f"{name} has dtype {dtype_name(a)}; attention needs floating-point inputs ({shapes})")
+            raise DTypeError(f"{name} has dtype {dtype_name(a)}; attention needs floating-point inputs ({shapes()})")
     dtypes = {dtype_name(a) for a in ((q,) if quantized else (q, k, v))}
     if len(dtypes) > 1:
         raise DTypeError(

@@ -21,6 +21,7 @@ from .._checks import (
     check_qkv,
     check_scale,
     check_seed,
+    shapes_of,
 )
 from .._quant import Quantized, dequantize
 from .._typing import Array, Dims
@@ -172,7 +173,8 @@ def check_sinks(sinks: Any, lead: tuple[int, ...], like: Array) -> Array | None:
     shape = tuple(sinks.shape)
     if not lead and shape in ((), (1,)):
         return sinks[None] if shape == () else sinks  # a call without heads: one sink
-    fits = len(shape) <= len(lead) and all(s in (1, n) for s, n in zip(shape[::-1], lead[::-1], strict=False))
+    # s == 1 or s == n, not `s in (1, n)`: Dynamo answers `in` over symbolic sizes False without a guard
+    fits = len(shape) <= len(lead) and all(s == 1 or s == n for s, n in zip(shape[::-1], lead[::-1], strict=False))
     if not fits:
         raise ShapeError(
             f"sinks has shape {shape}, which does not broadcast to the (*B, H) = {lead} of the scores "
@@ -243,7 +245,7 @@ def build_call(
     if score_mod is not None and not isinstance(score_mod, ScoreMod):
         raise DTypeError(f"score_mod must be a qkv.scores.ScoreMod, got {type(score_mod).__name__}")
     if score_mod is not None:
-        score_mod.check_heads(dims.h, f"q: {tuple(q.shape)}")
+        score_mod.check_heads(dims.h, shapes_of(q=q))
     score_mod = aligned_mod(score_mod, m, dims.nq, dims.nk)
     if m is not None and m.tiles is not None and (m.blocks(dims.nq, dims.nk, dims.nq, dims.nk) == masks.FULL).all():
         m = None  # hides nothing here: no mask at all

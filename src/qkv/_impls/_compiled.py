@@ -16,7 +16,7 @@ from typing import Any
 from .. import _native as native
 from .. import masks
 from .._backend import is_floating, namespace
-from .._checks import check_dropout, check_flag, check_qkv, check_scale, check_seed
+from .._checks import check_dropout, check_flag, check_qkv, check_scale, check_seed, shapes_of
 from .._quant import dequantize
 from .._softmax import with_sinks
 from .._typing import Result
@@ -107,7 +107,7 @@ def compiled_attention(
     if score_mod is not None:
         if not isinstance(score_mod, ScoreMod) or score_mod.native is None:
             return None
-        score_mod.check_heads(dims.h, f"q: {tuple(q.shape)}")
+        score_mod.check_heads(dims.h, shapes_of(q=q))
         if any(getattr(t, "requires_grad", False) for t in score_mod.tensors):
             return None
         if isinstance(mask, Mask) and aligned_mod(score_mod, mask, dims.nq, dims.nk) is not score_mod:

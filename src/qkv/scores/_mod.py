@@ -82,14 +82,14 @@ class ScoreMod:
         name = f"{a.name} + {b.name}"
         return ScoreMod(fn, name, both, a.tensors + b.tensors, a.opaque or b.opaque, native, realign, heads)
 
-    def check_heads(self, h: int, shapes: str = "") -> None:
+    def check_heads(self, h: int, shapes: Callable[[], str] | None = None) -> None:
         """``ShapeError`` naming both head counts when the mod was built for other than the call's
         ``H`` query heads: every impl and engine asks here before running (the compiled kernel
         would otherwise resolve default slopes for ``H`` and never see ``n_heads``)."""
         if self.heads is not None and self.heads != h:
             raise ShapeError(
                 f"score_mod {self.name} is built for {self.heads} head{'s' if self.heads != 1 else ''} but the "
-                f"call has H={h} query heads on axis -3" + (f" ({shapes})" if shapes else "")
+                f"call has H={h} query heads on axis -3" + (f" ({shapes()})" if shapes is not None else "")
             )
 
     def __repr__(self) -> str:
