@@ -12,12 +12,18 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")  # before torch is imported: the m
 
 
 def setup() -> dict[str, Any]:
-    """Pin torch to 2 threads and describe the run (date, versions, command)."""
+    """Pin torch to 2 threads, print ``qkv.info()``'s line (CPU, ISA path, engines, threads,
+    versions) and describe the run (date, versions, command)."""
     import numpy as np
     import torch
 
+    from qkv._info import fresh_line
+
     torch.set_num_threads(2)
+    line = fresh_line()
+    print(line, flush=True)
     return {
+        "qkv_info": line,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": "python " + " ".join(sys.argv),
         "python": platform.python_version(),
@@ -110,6 +116,8 @@ def write(rows: list[dict[str, Any]], header: dict[str, Any], json_path: str | N
         parts = [
             f"`{header['command']}` — {header['date']}; torch {header['torch']}, numpy {header['numpy']}, "
             f"{header['threads']} threads",
+            "",
+            f"`{header['qkv_info']}`",
             "",
         ]
         for fn in (target_markdown, timing_markdown, memory_markdown):

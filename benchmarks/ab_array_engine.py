@@ -19,6 +19,7 @@ import torch
 import qkv
 import qkv._impls.flash as flash
 from qkv._impls import build_call
+from qkv._info import fresh_line
 
 
 def load(path: str):
@@ -43,6 +44,7 @@ def run(engine, q, k, v, do, bwd: bool) -> float:
 
 
 def main() -> None:
+    print(fresh_line(), flush=True)  # qkv.info()'s line: CPU, ISA path, engines, threads, versions
     old, new = load(sys.argv[1]), flash.array_engine
     pairs = int(sys.argv[2]) if len(sys.argv) > 2 else 7
     g = torch.Generator().manual_seed(0)

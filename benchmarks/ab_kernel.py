@@ -96,6 +96,10 @@ def main() -> None:
         ap.error("--a (the baseline module) is required")
     import numpy as np
 
+    from qkv._info import fresh_line
+
+    print(fresh_line(), flush=True)  # qkv.info()'s line: CPU, ISA path, engines, threads, versions
+
     a, b = start(args.a), start(args.b)
     print(f"A = {args.a}\nB = {args.b or 'installed'}\nOMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
     wanted = [c for c in args.cases.split(",") if c]

@@ -258,8 +258,11 @@ def header(argv: list[str]) -> dict[str, Any]:
         ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         commit = ""
+    from qkv._info import fresh_line
+
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "qkv_info": fresh_line(),  # qkv.info()'s line: CPU, ISA path, engines, threads, versions
         "checkout": commit or "unknown",
         "command": shlex.join([sys.executable] + argv),
         "cpu": info.get("model name", platform.processor()),
@@ -305,6 +308,8 @@ def markdown(head: dict[str, Any], rows: list[dict[str, Any]], loaded_label: str
     floors = {r["workload"]: r["ratio"] for r in rows if r["peer"] == "read floor" and r.get("status") == "ok"}
     lines = [
         f"`{head['command']}` — {head['date']}" + (f" — **{loaded_label}**" if loaded_label else ""),
+        "",
+        f"`{head['qkv_info']}`",
         "",
         f"CPU: {head['cpu']} ({head['cpu_family_model']}), {head['cpus']} CPUs, ISA: {head['isa']}; qkv's "
         f"ISA path `{head['qkv_isa']}`; checkout `{head.get('checkout', 'unknown')}`; {head['threads']} threads "

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from qkv import _native as native
+from qkv._info import fresh_line
 
 
 def cpu_model() -> str:
@@ -178,6 +179,7 @@ def main() -> None:
     ap.add_argument("--d", type=int, default=64)
     ap.add_argument("--part", choices=("forward", "backward", "all"), default="forward")
     a = ap.parse_args()
+    print(fresh_line(), flush=True)  # qkv.info()'s line: CPU, ISA path, engines, threads, versions
     threads = torch.get_num_threads()
     print(f"CPU: {cpu_model()}; ISA paths {native.isas()}; {threads} threads")
     if a.part in ("backward", "all"):

@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from qkv._info import fresh_line
 from qkv.nn import KVCache, TinyGPT
 
 
@@ -41,6 +42,7 @@ def main() -> None:
     p.add_argument("--lengths", default="64,256,1024,4096")
     p.add_argument("--repeats", type=int, default=7)
     a = p.parse_args()
+    print(fresh_line(), flush=True)  # qkv.info()'s line: CPU, ISA path, engines, threads, versions
     torch.set_num_threads(2)
     torch.manual_seed(0)
     lengths = [int(x) for x in a.lengths.split(",")]

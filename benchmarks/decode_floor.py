@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 import qkv
 from qkv import _native as native
+from qkv._info import fresh_line
 
 THREADS = 2
 
@@ -130,6 +131,7 @@ def main() -> None:
     ap.add_argument("--only", default="floor,fixed")
     ap.add_argument("--best", action="store_true", help="minimum over rounds instead of the median (a loaded machine)")
     a = ap.parse_args()
+    print(fresh_line(), flush=True)  # qkv.info()'s line: CPU, ISA path, engines, threads, versions
     torch.set_num_threads(THREADS)
     stat = np.min if a.best else np.median
     print(f"qkv._native path: {native.isa()}; torch {torch.__version__}; threads {THREADS}")

@@ -176,7 +176,11 @@ def main() -> None:
                 del WORKLOADS[name]
     if args.worker:
         worker()
-    elif args.a:
+        return
+    from qkv._info import fresh_line
+
+    print(fresh_line(), flush=True)  # qkv.info()'s line: CPU, ISA path, engines, threads, versions
+    if args.a:
         ab(args.a, args.b, args.rounds)
     else:
         against_peers(args.rounds, args.flex)

@@ -70,8 +70,10 @@ def main() -> None:
 
     import qkv
     from qkv import masks
+    from qkv._info import fresh_line
 
     div = 4 if a.quick else 1
+    print(f"# {fresh_line()}", flush=True)  # qkv.info()'s line: CPU, ISA path, engines, threads, versions
     print(f"# {cpu()}; jax {jax.__version__}; OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
     print(f"# loadavg before: {open('/proc/loadavg').read().strip()}; command: python {' '.join(sys.argv)}")
     print("| workload | qkv ms (min–max) | XLA ms (min–max) | XLA / qkv |")

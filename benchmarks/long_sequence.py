@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 import qkv
+from qkv._info import fresh_line
 
 
 def rss_peak() -> int:
@@ -26,6 +27,7 @@ def main() -> None:
     p.add_argument("--backward", action="store_true")
     p.add_argument("--torch", action="store_true")
     a = p.parse_args()
+    print(fresh_line(), flush=True)  # qkv.info()'s line: CPU, ISA path, engines, threads, versions
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 1, a.n, a.d), dtype=np.float32) for _ in range(3))
     if a.torch:

@@ -83,6 +83,9 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")  # inherited by the spawned children
     os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
+    from qkv._info import fresh_line
+
+    print(fresh_line(), flush=True)  # qkv.info()'s line: CPU, ISA path, engines, threads, versions
     print(f"command: {os.path.basename(sys.executable)} {' '.join(sys.argv)}")
     print(
         f"causal fwd+bwd, B={args.batch} H={args.heads} N={args.n} D={args.d} float32 torch, "

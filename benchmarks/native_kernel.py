@@ -24,6 +24,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from qkv import _native as native
+from qkv._info import fresh_line
 
 THREADS = 2
 F = torch.nn.functional
@@ -275,6 +276,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--long", action="store_true", help="also the exact causal N=262144 case (minutes)")
     args = ap.parse_args()
+    print(fresh_line(), flush=True)  # qkv.info()'s line: CPU, ISA path, engines, threads, versions
     torch.set_num_threads(THREADS)
     names = args.only.split(",") if args.only else [c for c in CASES if c != "long" or args.long]
     print(

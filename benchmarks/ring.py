@@ -80,6 +80,10 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch.multiprocessing as mp
 
+    from qkv._info import fresh_line
+
+    print(fresh_line(), flush=True)  # qkv.info()'s line: CPU, ISA path, engines, threads, versions
+
     from qkv.complexity import communication
 
     with socket.socket() as s:

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 import qkv
 from qkv import _native, masks
+from qkv._info import fresh_line
 from qkv.bench import compare, paired_ratios
 
 
@@ -178,6 +179,7 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="also the torch.compile rows")
     ap.add_argument("--json", help="write the rows here too")
     args = ap.parse_args()
+    print(fresh_line(), flush=True)  # qkv.info()'s line: CPU, ISA path, engines, threads, versions
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     stop, spinner = None, None
     if args.busy:

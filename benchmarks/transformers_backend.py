@@ -162,7 +162,10 @@ def main() -> None:
         return
     import torch
 
+    from qkv._info import fresh_line
+
     torch.set_num_threads(a.threads)
+    print(f"# {fresh_line()}", flush=True)  # qkv.info()'s line: CPU, ISA path, engines, threads, versions
     print(f"# torch {torch.__version__}, threads {torch.get_num_threads()}, loadavg {open('/proc/loadavg').read()}")
     if a.targets:
         a.layers, a.backends, a.rounds = 4, ["qkv", "sdpa", "free"], max(a.rounds, 5)

@@ -178,6 +178,10 @@ def test_bench_command_json():
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert {(r["workload"], r["n"], r["mode"]) for r in rows} == {("causal", 256, "fwd")}
+    header = result.stderr.splitlines()[0]  # qkv.info()'s line, on stderr under --json
+    assert header.startswith(f"qkv {qkv.__version__} | ") and qkv.info().cpu.model in header
+    if qkv._native.available():
+        assert f"isa {qkv._native.isa()} of " in header
     bad = CliRunner().invoke(app, ["bench", "--suite", "nope"])
     assert bad.exit_code == 2 and bad.output.count("\n") == 1 and "--suite must be one of" in bad.output
 

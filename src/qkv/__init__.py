@@ -23,6 +23,8 @@ from ._core import dispatch as dispatch
 from ._explain import Trace as Trace
 from ._explain import explain as explain
 from ._hopfield import hopfield as hopfield
+from ._info import Info as Info
+from ._info import info as info
 from ._quant import Quantized as Quantized
 from ._quant import dequantize as dequantize
 from ._quant import quantize as quantize
@@ -46,6 +48,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Info",
     "Inspection",
     "Quantized",
     "Trace",
@@ -59,6 +62,7 @@ __all__ = [
     "errors",
     "explain",
     "hopfield",
+    "info",
     "inspect",
     "logsumexp",
     "masks",

@@ -21,6 +21,8 @@ from ._call import check_mask_covers as check_mask_covers
 from ._call import dequantized as dequantized
 from ._call import split_mask as split_mask
 from ._compiled import compiled_attention as compiled_attention
+from ._compiled import operator_reason as operator_reason
+from ._jax_ffi import handler_reason as handler_reason
 from ._lean import lean_attention as lean_attention
 from ._nonfinite import empty_rows_overflowed as empty_rows_overflowed
 from ._plan import SMALL as SMALL

@@ -10,6 +10,7 @@ not an int seed, a device other than the CPU) returns None: ``qkv.attention`` th
 usual path with the graph broken around it (``torch.compiler.disable``), never wrongly.
 """
 
+import importlib.util
 import math
 from typing import Any
 
@@ -152,3 +153,19 @@ def compiled_attention(
     res = Result(out, None, lse)
     sinks = check_sinks(sinks, dims.score_shape[:-2] if dims.has_heads else (), q)
     return res if sinks is None else with_sinks(namespace(q=q), res, sinks)
+
+
+def operator_reason() -> str | None:
+    """Why ``torch.ops.qkv.attention`` is not there (None: it is registered). Imports torch, and
+    registers the operator, when torch is installed."""
+    if not native.available():
+        return native.reason()
+    try:
+        if importlib.util.find_spec("torch") is None:
+            return "torch is not installed (pip install 'qkv[torch]')"
+        import torch
+
+        from . import _torch_op  # noqa: F401 - importing it registers the operators
+    except Exception as e:  # noqa: BLE001 - a torch that cannot load the operator: say why, never raise
+        return f"torch could not register the operator: {type(e).__name__}: {e}"
+    return None if hasattr(torch.ops.qkv, "attention") else "torch.ops.qkv.attention is missing after registration"

@@ -18,6 +18,7 @@ input, or whose finite inputs overflow, comes back NaN (the eager call raises th
 """
 
 import functools
+import importlib.util
 import math
 from typing import Any, cast
 
@@ -33,13 +34,39 @@ FORWARD, BACKWARD = "qkv_attention_forward", "qkv_attention_backward"
 _MASK_NONE, _MASK_ROWS, _MASK_TILES = 0, 1, 2
 
 
-def reason(c: Call) -> str | None:
-    """Why a traced JAX call cannot run on the compiled kernel (None: it can). Structure only."""
+def built_reason() -> str | None:
+    """Why the compiled kernel has no ``jax.ffi`` handlers (None: it has them); never imports JAX."""
+    if not native.available():
+        return native.reason()
     if getattr(native._need(), "ffi_handlers", None) is None:
         return (
             "qkv's compiled kernel was built without jaxlib's FFI header, so traced JAX arrays stay on "
-            "the array engine (reinstall with QKV_JAX_FFI=1 and jaxlib present)"
+            "the array engine (the build needs jaxlib: reinstall without QKV_JAX_FFI=0, on a platform "
+            "jaxlib has wheels for, or with jaxlib installed and --no-build-isolation)"
         )
+    return None
+
+
+def handler_reason() -> str | None:
+    """Why ``jax.jit`` cannot reach the kernel here (None: it can): the handlers are built, JAX
+    imports and takes them (imports JAX when it is installed)."""
+    why = built_reason()
+    if why is not None:
+        return why
+    try:
+        if importlib.util.find_spec("jax") is None:
+            return "JAX is not installed (pip install 'qkv[jax]')"
+        _register()
+    except Exception as e:  # noqa: BLE001 - any failure here means "not usable", said with its cause
+        return f"JAX did not take the handlers: {type(e).__name__}: {e}"
+    return None
+
+
+def reason(c: Call) -> str | None:
+    """Why a traced JAX call cannot run on the compiled kernel (None: it can). Structure only."""
+    why = built_reason()
+    if why is not None:
+        return why
     if c.bias is not None and is_traced(c.bias):
         return "a traced bias needs its gradient, which the array engine gives"
     if c.score_mod is not None and any(is_traced(t) for t in c.score_mod.tensors):

@@ -1,8 +1,8 @@
 """The ``qkv`` command line: this module registers the subcommands and does nothing else.
 
 One module per subcommand (``explain``, ``heatmap``, ``pe``, ``complexity``, ``train``,
-``bench``, ``cache-error``, ``lab``, ``inspect``); ``_common`` holds what they share: reading
-arrays, the picture options, and the one path from an error to one stderr line and an exit code
+``bench``, ``cache-error``, ``lab``, ``inspect``, ``info``); ``_common`` holds what they share:
+reading arrays, the picture options, and the one path from an error to one stderr line and an exit code
 (1 bad input, 2 bad usage). Each command parses, calls the public API and prints text (rich) or
 ``--json``; no math here.
 Heavy libraries (torch, matplotlib, fastapi) are imported inside the commands that need them.
@@ -16,6 +16,7 @@ from .cache_error import cache_error_command
 from .complexity import complexity_command
 from .explain import explain_command
 from .heatmap import heatmap_command
+from .info import info_command
 from .inspect import inspect_command
 from .lab import lab_command
 from .pe import pe_command
@@ -46,6 +47,7 @@ for _name, _command in (
     ("bench", bench_command),
     ("cache-error", cache_error_command),
     ("lab", lab_command),
+    ("info", info_command),
 ):
     app.command(_name)(_command)
 

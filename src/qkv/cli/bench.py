@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .._info import fresh_line
 from ..bench import SUITE_NAMES
 
 
@@ -167,6 +168,9 @@ def bench_command(
     if unknown:
         raise typer.BadParameter(f"unknown --impl {', '.join(unknown)}; known: {', '.join(COMPETITORS)}")
     err = Console(stderr=True)
+    # the header: qkv.info()'s line (from a fresh interpreter: this one stays as the suite measures it);
+    # stdout keeps only JSON under --json
+    typer.echo(fresh_line(), err=json_out)
     rows = run_suite(
         suite,
         quick=quick,
