@@ -60,8 +60,9 @@ class Info:
     versions: dict[str, str | None]
 
     def line(self) -> str:
-        """One line: ``qkv 0.9.0 | AMD EPYC (Zen 4; ...) | isa avx512bf16 of ... | kernel yes,
-        torch op yes, jax ffi no | 2 threads | python 3.11.7, numpy 2.3.5, ...``."""
+        """One line: ``qkv 0.1.0 | AMD EPYC (Zen 4; AuthenticAMD family 25 model 17) | isa avx512bf16
+        of avx512bf16,avx512,avx2,portable | kernel yes, torch op yes, jax ffi yes | 2 threads of 2
+        CPUs | python 3.11.7, numpy 2.4.6, torch 2.13.0+cpu, jax 0.10.2, ...``."""
         isa = f"isa {self.isa} of {','.join(self.isas)}" if self.native.present else "isa none"
         yes = {True: "yes", False: "no"}
         parts = (
@@ -113,8 +114,12 @@ def info() -> Info:
     """What qkv found on this machine: the CPU and the kernel's ISA paths, which engines are
     there (and why not), threads and versions. Imports torch and JAX when they are installed.
 
-        >>> print(qkv.info().line())
-        qkv 0.9.0 | AMD EPYC (Zen 4; AuthenticAMD family 25 model 17) | isa avx512bf16 of ...
+        >>> print(qkv.info())
+        qkv       0.1.0 (Python 3.11.7, Linux x86_64)
+        CPU       AMD EPYC (Zen 4; AuthenticAMD family 25 model 17), 2 CPUs
+        ISA path  avx512bf16 (this CPU runs: avx512bf16, avx512, avx2, portable)
+        kernel    yes
+        ...
     """
     workers = threads()  # before torch is imported below: the count this process uses as called
     here = native.available()
