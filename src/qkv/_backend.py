@@ -1,4 +1,4 @@
-"""Everything that depends on which array library an array comes from lives here.
+"""What the array code needs to know about the library an array comes from.
 
 The rest of qkv writes array code once against the Python array API
 (``xp = namespace(q, k, v)``); torch and JAX are never imported by this module unless one of
@@ -9,6 +9,10 @@ itself an array API namespace). JAX arrays are immutable, so the in-place helper
 (``add_``, ``exp_sub_``, ``set_``, ``iadd_``, ``imul_``) fall back to their functional forms
 for them (``x.at[index].set(value)``); under ``jax.grad`` the inputs are tracers, which must
 never reach NumPy (``as_array`` passes them through).
+
+The roads into the compiled kernel are the other library-specific places, one adapter per host:
+``_impls/_flash_native.py`` (eager NumPy, torch and JAX: its ``_host``), ``_lean.py`` and
+``_torch_op.py`` / ``_compiled.py`` (torch), ``_jax_ffi.py`` (traced JAX).
 """
 
 import contextlib

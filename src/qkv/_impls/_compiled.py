@@ -11,7 +11,6 @@ usual path with the graph broken around it (``torch.compiler.disable``), never w
 """
 
 import importlib.util
-import math
 from typing import Any
 
 from .. import _native as native
@@ -24,6 +23,7 @@ from .._typing import Result
 from ..masks import Mask
 from ..scores import ScoreMod
 from ._call import aligned_mod, as_2d, check_bias, check_sinks, split_quantized
+from ._kernel_args import flat, flat_bias
 
 
 def _mask_recipe(mask: Any, causal: bool, torch: Any) -> tuple[Any, Any] | None:
@@ -50,22 +50,9 @@ def _mask_recipe(mask: Any, causal: bool, torch: Any) -> tuple[Any, Any] | None:
     return recipe, bias
 
 
-def _flat4(x: Any, batch: tuple[int, ...], heads: int, has_heads: bool) -> Any:
-    """``x (*b, h, N, D)`` as ``(B, heads, N, D)`` (views where the batch axes allow)."""
-    if not has_heads:
-        return x[None, None]
-    x = x.reshape((1,) * (len(batch) + 3 - x.dim()) + tuple(x.shape))
-    x = x.expand(*batch, heads, *x.shape[-2:])
-    return x.reshape(math.prod(batch), heads, *x.shape[-2:])
-
-
-def _bias4(bias: Any, dims: Any) -> Any:
-    shape = dims.score_shape if dims.has_heads else (1, 1, dims.nq, dims.nk)
-    b = bias.reshape((1,) * (len(shape) - bias.dim()) + tuple(bias.shape))
-    b = b.expand(*shape)
-    lead = shape[:-3]
-    b = b.reshape(math.prod(lead) if lead else 1, *shape[-3:])
-    return b if b.stride(-1) == 1 else b.contiguous()
+def _ready(x: Any) -> Any:
+    """A ``(B, H, N, D)`` layout as the kernel reads it: the last axis dense."""
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def compiled_attention(
@@ -93,7 +80,7 @@ def compiled_attention(
         k, v = dequantize(kv.k, q.dtype), dequantize(kv.v, q.dtype)
     if not native.available() or want_weights or not all(isinstance(x, torch.Tensor) for x in (q, k, v)):
         return None
-    if q.device.type != "cpu" or q.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+    if q.device.type != "cpu" or str(q.dtype).removeprefix("torch.") not in native.DTYPES:
         return None
     normalised = _mask_recipe(mask, causal, torch)
     if normalised is None:
@@ -129,16 +116,14 @@ def compiled_attention(
     lead = dims.score_shape[:-2] if dims.has_heads else ()
     mask_code, mask_data = ("", []) if recipe is None else masks.encode(recipe)
     mods_code, mod_tables = _torch_op.encode_mods(score_mod.native if score_mod is not None else ())
-    q4 = _flat4(q, dims.batch, dims.h, dims.has_heads)
-    k4 = _flat4(k, dims.batch, dims.hkv, dims.has_heads)
-    v4 = _flat4(v, dims.batch, dims.hkv, dims.has_heads)
-    q4, k4, v4 = (x if x.stride(-1) == 1 else x.contiguous() for x in (q4, k4, v4))
+    q4, k4, v4 = (flat(x, dims, n, torch.Tensor.expand) for x, n in ((q, dims.h), (k, dims.hkv), (v, dims.hkv)))
+    q4, k4, v4 = (_ready(x) for x in (q4, k4, v4))
     data = [d if isinstance(d, torch.Tensor) else torch.as_tensor(d) for d in mask_data]
     out, lse = torch.ops.qkv.attention(
         q4,
         k4,
         v4,
-        None if bias is None else _bias4(bias, dims),
+        None if bias is None else _ready(flat_bias(bias, dims, torch.Tensor.expand)),
         mask_code,
         data,
         list(lead),

@@ -10,132 +10,85 @@ overflowed, which become the ``ArgumentError`` here. This module brings the resu
 caller's array library.
 """
 
-import math
-from typing import TYPE_CHECKING, Any
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from .. import _native as native
-from .._backend import dtype_name, is_jax, is_torch, is_traced, namespace, unbroadcast
+from .._backend import dtype_name, is_jax, is_traced, kind, namespace, unbroadcast
 from .._finite import overflow_error
 from .._heads import cast
-from .._native import KernelMod
 from .._typing import Array, Result
-from ..scores import kernel_ops
 from ._call import Call
+from ._kernel_args import KernelArgs, flat, flat_bias, kernel_args
 
 if TYPE_CHECKING:
     from ._plan import Plan
+
+# --------------------------------------------------------------------------- host libraries
+
+
+class _Host(NamedTuple):
+    """How the arrays of one library meet the binding in an eager call: ``enter`` turns an array
+    into one the library's ``broadcast_to`` takes, ``ready`` a ``(B, H, N, D)`` layout into what
+    the binding reads (detached, unit last stride, copied only when strided), ``empty`` allocates
+    a result, ``f32`` / ``f64`` are the accumulation dtypes, ``leave`` hands a result back."""
+
+    enter: Callable[[Any], Any]
+    broadcast_to: Callable[[Any, tuple[int, ...]], Any]
+    ready: Callable[[Any], Any]
+    empty: Callable[[tuple[int, ...], Any], Any]
+    f32: Any
+    f64: Any
+    leave: Callable[[Any], Any]
+
+
+def _numpy_ready(x: np.ndarray) -> np.ndarray:
+    return x if x.strides[-1] == x.itemsize or x.strides[-1] == 0 else np.ascontiguousarray(x)
+
+
+def _same(x: Any) -> Any:
+    return x
+
+
+@functools.cache
+def _host(library: str) -> _Host:
+    """The host of ``library`` (``_backend.kind``): NumPy, torch, or eager JAX (its arrays read
+    through NumPy views, the results handed back as JAX arrays)."""
+    if library == "torch":
+        import torch
+
+        def ready(x: Any) -> Any:
+            x = x.detach()
+            return x if x.stride(-1) == 1 else x.contiguous()
+
+        def empty(shape: tuple[int, ...], dtype: Any) -> Any:
+            return torch.empty(shape, dtype=dtype, device="cpu")
+
+        return _Host(_same, torch.Tensor.expand, ready, empty, torch.float32, torch.float64, _same)
+    leave: Callable[[Any], Any] = _same
+    if library == "jax":
+        import jax.numpy as jnp
+
+        leave = jnp.asarray
+    return _Host(np.asarray, np.broadcast_to, _numpy_ready, np.empty, np.float32, np.float64, leave)
 
 
 # --------------------------------------------------------------------------- arguments
 
 
-def _flat(x: Array, batch: tuple[int, ...], heads: int, has_heads: bool) -> Array:
-    """``x (*b, h, N, D)`` as ``(B, heads, N, D)`` with stride-0 broadcasting (no copy unless the
-    batch axes cannot be merged, or the last axis is strided)."""
-    if not has_heads:  # 2-D call: one batch element, one head
-        x = x[None, None]
-    else:
-        x = x.reshape((1,) * (len(batch) + 3 - x.ndim) + tuple(x.shape))
-        shape = (*batch, heads, *x.shape[-2:])
-        x = x.expand(*shape) if is_torch(x) else np.broadcast_to(x, shape)
-        x = x.reshape(math.prod(batch), heads, *x.shape[-2:])
-    if is_torch(x):
-        x = x.detach()
-        return x if x.stride(-1) == 1 else x.contiguous()
-    x = np.asarray(x) if is_jax(x) else x  # the kernel reads JAX arrays through NumPy views
-    return x if x.strides[-1] == x.itemsize else np.ascontiguousarray(x)
-
-
-def _mask_args(p: "Plan") -> dict[str, Any]:
-    """The kernel's mask arguments from the plan (``masks.BlockPlan``)."""
-    m = p.mask
-    if m is None or m.hides_nothing:
-        return {}
-    if m.rows is not None:
-        return {"rows": m.rows}
-    return {"tile_class": m.classes, "bitmap_index": m.bitmap_index, "bitmaps": m.bitmaps}
-
-
-def _mods(c: Call) -> tuple[KernelMod, ...]:
-    if c.score_mod is None:
-        return ()
-    assert c.score_mod.native is not None
-    lead = c.dims.score_shape[:-2] if c.dims.has_heads else ()
-    ops = []
-    for op in kernel_ops(c.score_mod.native, lead):  # slopes and tables checked against H, batch flattened
-        ops.append(op._replace(table=_table(op.table)) if op.positional else op)
-    return tuple(ops)
-
-
-def _table(t: Any) -> Any:
-    if is_torch(t):
-        return t.detach().contiguous()
-    return np.ascontiguousarray(np.asarray(t))
-
-
-def _bias(c: Call) -> Any:
-    if c.bias is None:
-        return None
+def _args(h: _Host, c: Call, p: "Plan") -> tuple[Array, Array, Array, KernelArgs]:
+    """q, k, v as the kernel's ``(B, H, N, D)`` arrays and the call's other arguments."""
     d = c.dims
-    b: Any = c.bias
-    shape = d.score_shape if d.has_heads else (1, 1, d.nq, d.nk)
-    if not d.has_heads:
-        b = b.reshape((1,) * (4 - b.ndim) + tuple(b.shape)) if b.ndim < 4 else b
-    else:
-        b = b.reshape((1,) * (len(shape) - b.ndim) + tuple(b.shape))
-    b = b.expand(*shape) if is_torch(b) else np.broadcast_to(np.asarray(b), shape)
-    lead = shape[:-3]
-    b = b.reshape(math.prod(lead) if lead else 1, *shape[-3:])
-    if is_torch(b):
-        b = b.detach()
-        return b if b.stride(-1) == 1 else b.contiguous()
-    return b if b.strides[-1] == b.itemsize or b.strides[-1] == 0 else np.ascontiguousarray(b)
-
-
-def _empty(like: Array, shape: tuple[int, ...], dtype: Any) -> Array:
-    if is_torch(like):
-        import torch
-
-        return torch.empty(shape, dtype=dtype, device="cpu")
-    return np.empty(shape, dtype=dtype)
-
-
-def _acc_dtype(like: Array) -> Any:
-    f64 = dtype_name(like) == "float64"
-    if is_torch(like):
-        import torch
-
-        return torch.float64 if f64 else torch.float32
-    return np.float64 if f64 else np.float32
-
-
-def _back(x: Array, like: Array, shape: tuple[int, ...]) -> Array:
-    """A kernel output as an array of ``like``'s library with the caller's ``shape``."""
-    x = x.reshape(shape)
-    if is_jax(like):
-        import jax.numpy as jnp
-
-        return jnp.asarray(x)
-    return x
-
-
-def _args(c: Call, p: "Plan") -> tuple[Array, Array, Array, dict[str, Any]]:
-    d = c.dims
-    q = _flat(c.q, d.batch, d.h, d.has_heads)
-    k = _flat(c.k, d.batch, d.hkv, d.has_heads)
-    v = _flat(c.v, d.batch, d.hkv, d.has_heads)
-    kw = dict(
-        scale=c.scale,
-        mods=_mods(c),
-        bias=_bias(c),
-        dropout_p=c.dropout,
-        seed=int(c.rng) if c.dropout > 0 else 0,
-        threads=p.threads,
-        **_mask_args(p),
-    )
-    return q, k, v, kw
+    q, k, v = (h.ready(flat(h.enter(x), d, n, h.broadcast_to)) for x, n in ((c.q, d.h), (c.k, d.hkv), (c.v, d.hkv)))
+    bias = None if c.bias is None else h.ready(flat_bias(h.enter(c.bias), d, h.broadcast_to))
+    mods = () if c.score_mod is None else c.score_mod.native
+    assert mods is not None  # the plan sends a mod the kernel cannot run to the array engine
+    assert p.threads is not None  # a plan for the compiled engine has its threads
+    lead = d.score_shape[:-2] if d.has_heads else ()
+    return q, k, v, kernel_args(c.scale, p.threads, p.mask, mods, lead, bias, c.dropout, c.rng)
 
 
 def _check(c: Call, overflowed: int) -> None:
@@ -151,25 +104,27 @@ def forward(c: Call, p: "Plan") -> Result:
 
         return _jax_ffi.forward(c, p)
     d = c.dims
-    q, k, v, kw = _args(c, p)
-    b, h = q.shape[0], q.shape[1]
-    out = _empty(q, (b, h, d.nq, d.dv), q.dtype)
-    lse = _empty(q, (b, h, d.nq), _acc_dtype(q))
-    _check(c, native.forward(q, k, v, out, lse, **kw)[1])
+    h = _host(kind(c.q))
+    q, k, v, a = _args(h, c, p)
+    b, nh = q.shape[0], q.shape[1]
+    out = h.empty((b, nh, d.nq, d.dv), q.dtype)
+    lse = h.empty((b, nh, d.nq), h.f64 if dtype_name(q) == "float64" else h.f32)
+    _check(c, native.forward(q, k, v, out, lse, **a.keywords())[1])
     lead = d.score_shape[:-2]
-    return Result(_back(out, c.q, (*lead, d.nq, d.dv)), None, _back(lse, c.q, (*lead, d.nq)))
+    return Result(h.leave(out.reshape(*lead, d.nq, d.dv)), None, h.leave(lse.reshape(*lead, d.nq)))
 
 
 def backward(dout: Array, c: Call, p: "Plan", out: Array, lse: Array, dlse: Array | None = None) -> tuple[Array, ...]:
     """``(dq, dk, dv)`` from the compiled kernel (FlashAttention-2 Algorithm 2), reduced to the
     shapes of ``q``, ``k``, ``v`` (grouped heads summed by the kernel, broadcast axes here)."""
     d = c.dims
+    h = _host(kind(c.q))
     if is_jax(c.q) and any(is_traced(x) for x in (c.q, c.k, c.v, dout, out, lse, dlse) if x is not None):
         from . import _jax_ffi
 
         dq, dk, dv = _jax_ffi.backward(dout, c, p, out, lse, dlse)
     else:
-        dq, dk, dv = _backward(dout, c, p, out, lse, dlse)
+        dq, dk, dv = _backward(h, dout, c, p, out, lse, dlse)
     xp = namespace(q=dq)
     lead = d.score_shape[:-2]
     kv_lead = (*d.batch, d.hkv) if d.has_heads else ()
@@ -180,28 +135,28 @@ def backward(dout: Array, c: Call, p: "Plan", out: Array, lse: Array, dlse: Arra
         (dv, c.v, (*kv_lead, d.nk, d.dv)),
     ):
         g = unbroadcast(xp, g.reshape(shape), tuple(x.shape))
-        grads.append(_back(cast(xp, g, _dtype_of(x, xp)), c.q, tuple(x.shape)))
+        grads.append(h.leave(cast(xp, g, _dtype_of(x, xp)).reshape(tuple(x.shape))))
     return tuple(grads)
 
 
-def _backward(dout: Array, c: Call, p: "Plan", out: Array, lse: Array, dlse: Array | None) -> tuple[Array, ...]:
+def _backward(h: _Host, dout: Array, c: Call, p: "Plan", out: Array, lse: Array, dlse: Array | None) -> tuple[Any, ...]:
     """The kernel's ``(dq, dk, dv)`` as ``(B, H, Nq, Dk)``, ``(B, Hkv, Nk, Dk)``, ``(B, Hkv, Nk, Dv)``."""
     d = c.dims
-    q, k, v, kw = _args(c, p)
-    b, h, hkv = q.shape[0], q.shape[1], k.shape[1]
-    o, do = (_flat(x, d.batch, d.h, d.has_heads) for x in (out, dout))
-    lse4 = _flat(lse[..., None], d.batch, d.h, d.has_heads)[..., 0]
-    dl = None if dlse is None else _flat(dlse[..., None], d.batch, d.h, d.has_heads)[..., 0]
-    acc = _acc_dtype(q)
-    dq = _empty(q, (b, h, d.nq, d.dk), acc)
-    dk = _empty(q, (b, hkv, d.nk, d.dk), acc)
-    dv = _empty(q, (b, hkv, d.nk, d.dv), acc)
-    if is_torch(lse4):
-        lse4, dl = lse4.contiguous(), None if dl is None else dl.contiguous()
-    else:
-        lse4 = np.ascontiguousarray(lse4)
-        dl = None if dl is None else np.ascontiguousarray(dl)
-    _check(c, native.backward(q, k, v, o, lse4, do, dq, dk, dv, dlse=dl, **kw)[1])
+    q, k, v, a = _args(h, c, p)
+    b, nh, hkv = q.shape[0], q.shape[1], k.shape[1]
+
+    def rows(x: Array) -> Any:  # (*B, H, Nq, D) as (B, H, Nq, D)
+        return h.ready(flat(h.enter(x), d, d.h, h.broadcast_to))
+
+    o, do = rows(out), rows(dout)
+    # lse and dlse (*B, H, Nq) as (B, H, Nq), laid out as rows of one element
+    lse3 = rows(lse[..., None])[..., 0]
+    dl = None if dlse is None else rows(dlse[..., None])[..., 0]
+    acc = h.f64 if dtype_name(q) == "float64" else h.f32
+    dq = h.empty((b, nh, d.nq, d.dk), acc)
+    dk = h.empty((b, hkv, d.nk, d.dk), acc)
+    dv = h.empty((b, hkv, d.nk, d.dv), acc)
+    _check(c, native.backward(q, k, v, o, lse3, do, dq, dk, dv, dlse=dl, **a.keywords())[1])
     return dq, dk, dv
 
 

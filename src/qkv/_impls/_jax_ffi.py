@@ -19,7 +19,6 @@ input, or whose finite inputs overflow, comes back NaN (the eager call raises th
 
 import functools
 import importlib.util
-import math
 from typing import Any, cast
 
 import numpy as np
@@ -27,11 +26,10 @@ import numpy as np
 from .. import _native as native
 from .._backend import is_traced
 from .._typing import Array, Result
-from ..scores import kernel_ops
 from ._call import Call
+from ._kernel_args import flat, flat_bias, kernel_args
 
 FORWARD, BACKWARD = "qkv_attention_forward", "qkv_attention_backward"
-_MASK_NONE, _MASK_ROWS, _MASK_TILES = 0, 1, 2
 
 
 def built_reason() -> str | None:
@@ -95,15 +93,11 @@ def _register() -> None:
     jax.ffi.register_ffi_target(BACKWARD, bwd, platform="cpu")
 
 
-def _flat(x: Array, batch: tuple[int, ...], heads: int, has_heads: bool) -> Array:
+def _flat(x: Array, dims: Any, heads: int) -> Array:
     """``x (*b, h, N, D)`` as ``(B, heads, N, D)``."""
     import jax.numpy as jnp
 
-    if not has_heads:
-        return x[None, None]
-    x = jnp.reshape(x, (1,) * (len(batch) + 3 - x.ndim) + tuple(x.shape))
-    x = jnp.broadcast_to(x, (*batch, heads, *x.shape[-2:]))
-    return jnp.reshape(x, (math.prod(batch), heads, *x.shape[-2:]))
+    return flat(x, dims, heads, jnp.broadcast_to)
 
 
 def _batch_full(a: np.ndarray, b: int) -> np.ndarray:
@@ -113,61 +107,36 @@ def _batch_full(a: np.ndarray, b: int) -> np.ndarray:
 
 
 def _operands(c: Call, p: Any, b: int) -> tuple[list[Any], dict[str, Any]]:
-    """The constants after q, k, v (mask, bias, mod tables) and the attributes of both calls."""
+    """The constants after q, k, v (mask, bias, K/V scales, mod tables, in ``ffi.cpp``'s order) and
+    the attributes of both calls, from the kernel's arguments (``kernel_args``)."""
     import jax
 
     d = c.dims
-    ops: list[Any] = []
-    m = p.mask
-    mask = _MASK_NONE
-    if m is not None and not m.hides_nothing:
-        if m.rows is not None:
-            mask = _MASK_ROWS
-            ops.append(_batch_full(m.rows, b))
-        else:
-            mask = _MASK_TILES
-            ops += [_batch_full(m.classes, b), _batch_full(m.bitmap_index, b), np.ascontiguousarray(m.bitmaps)]
-    if c.bias is not None:
-        ops.append(_bias(c))
-    kinds, consts, radii = [], [], []
-    lead = d.score_shape[:-2] if d.has_heads else ()
-    table_dtype = np.float64 if jax.config.read("jax_enable_x64") else np.float32
+    bias = None if c.bias is None else np.ascontiguousarray(flat_bias(np.asarray(c.bias), d, np.broadcast_to))
     native_mods = () if c.score_mod is None else c.score_mod.native
     assert native_mods is not None  # the plan sends a mod the kernel cannot run to the array engine
-    for op in kernel_ops(native_mods, lead):
-        kinds.append(int(op.kind))  # the kernel's own ModKind (params.hpp, via _native/_facts.py)
-        consts.append(0.0 if op.positional else float(op.c))
-        radii.append(int(op.m))
-        if op.positional:
-            ops.append(np.ascontiguousarray(np.asarray(op.table, dtype=table_dtype)))
-    seed = int(c.rng) if c.dropout > 0 else 0
+    lead = d.score_shape[:-2] if d.has_heads else ()
+    a = kernel_args(c.scale, p.threads, p.mask, native_mods, lead, bias, c.dropout, c.rng)
+    # the bitmaps are shared by the batch; the other mask arrays are indexed by it
+    ops = [np.ascontiguousarray(x) if name == "bitmaps" else _batch_full(x, b) for name, x in a.mask.items()]
+    ops += [x for x in (a.bias, a.k_scale, a.v_scale) if x is not None]
+    table_dtype = np.float64 if jax.config.read("jax_enable_x64") else np.float32
+    ops += [np.ascontiguousarray(np.asarray(op.table, dtype=table_dtype)) for op in a.mods if op.positional]
     attrs = dict(
-        scale=np.float64(c.scale),
-        dropout_p=np.float64(c.dropout),
-        seed=np.int64(seed - 2**64 if seed >= 2**63 else seed),
-        threads=np.int64(p.threads),
-        mask=np.int64(mask),
-        has_bias=np.int64(c.bias is not None),
-        n_mods=np.int64(len(kinds)),
+        scale=np.float64(a.scale),
+        dropout_p=np.float64(a.dropout_p),
+        seed=np.int64(a.seed - 2**64 if a.seed >= 2**63 else a.seed),
+        threads=np.int64(a.threads),
+        mask=np.int64(a.mask_kind),
+        has_bias=np.int64(a.bias is not None),
+        n_mods=np.int64(len(a.mods)),
+        kv_format=np.int64(a.kv_format),
         # arrays of at least one element: the attribute needs a shape
-        mod_kinds=np.asarray(kinds or [0], np.int64),
-        mod_c=np.asarray(consts or [0.0], np.float64),
-        mod_m=np.asarray(radii or [0], np.int64),
+        mod_kinds=np.asarray([int(op.kind) for op in a.mods] or [0], np.int64),
+        mod_c=np.asarray([0.0 if op.positional else float(op.c) for op in a.mods] or [0.0], np.float64),
+        mod_m=np.asarray([int(op.m) for op in a.mods] or [0], np.int64),
     )
     return ops, attrs
-
-
-def _bias(c: Call) -> np.ndarray:
-    """The bias as ``(B|1, H|1, Nq|1, Nk)``, broadcast only where the batch axes must merge."""
-    d = c.dims
-    x = np.asarray(c.bias)
-    if not d.has_heads:
-        return np.ascontiguousarray(x.reshape((1,) * (4 - x.ndim) + x.shape))
-    x = x.reshape((1,) * (len(d.score_shape) - x.ndim) + x.shape)
-    batch = x.shape[:-3]
-    if math.prod(batch) != 1:
-        x = np.broadcast_to(x, (*d.batch, *x.shape[-3:]))
-    return np.ascontiguousarray(x.reshape(math.prod(x.shape[:-3]), *x.shape[-3:]))
 
 
 def _forward_call(q: Any, k: Any, v: Any, consts: list[Any], attrs: dict[str, Any]) -> tuple[Any, Any]:
@@ -204,9 +173,7 @@ def forward(c: Call, p: Any) -> Result:
 
     _register()
     d = c.dims
-    q = _flat(c.q, d.batch, d.h, d.has_heads)
-    k = _flat(c.k, d.batch, d.hkv, d.has_heads)
-    v = _flat(c.v, d.batch, d.hkv, d.has_heads)
+    q, k, v = _flat(c.q, d, d.h), _flat(c.k, d, d.hkv), _flat(c.v, d, d.hkv)
     consts, attrs = _operands(c, p, q.shape[0])
 
     @jax.custom_vjp
@@ -236,11 +203,9 @@ def backward(dout: Array, c: Call, p: Any, out: Array, lse: Array, dlse: Array |
 
     _register()
     d = c.dims
-    q = _flat(c.q, d.batch, d.h, d.has_heads)
-    k = _flat(c.k, d.batch, d.hkv, d.has_heads)
-    v = _flat(c.v, d.batch, d.hkv, d.has_heads)
-    o, do = (_flat(x, d.batch, d.h, d.has_heads) for x in (out, dout))
-    lse4 = _flat(lse[..., None], d.batch, d.h, d.has_heads)[..., 0]
-    dl = jnp.zeros_like(lse4) if dlse is None else _flat(dlse[..., None], d.batch, d.h, d.has_heads)[..., 0]
+    q, k, v = _flat(c.q, d, d.h), _flat(c.k, d, d.hkv), _flat(c.v, d, d.hkv)
+    o, do = _flat(out, d, d.h), _flat(dout, d, d.h)
+    lse4 = _flat(lse[..., None], d, d.h)[..., 0]
+    dl = jnp.zeros_like(lse4) if dlse is None else _flat(dlse[..., None], d, d.h)[..., 0]
     consts, attrs = _operands(c, p, q.shape[0])
     return _backward_call(q, k, v, o.astype(q.dtype), lse4, do, dl, consts, attrs)

@@ -15,17 +15,19 @@ from typing import Any
 from .. import _native as native
 from .. import masks
 from .._typing import Result
+from ._kernel_args import kernel_args
 from ._plan import threads
 
 _DTYPES: dict[Any, Any] = {}  # torch dtype -> the lse dtype, once torch is loaded
 
 
 def _lse_dtypes() -> dict[Any, Any]:
+    """The kernel's dtypes (``_native.DTYPES``) as torch dtypes, each with its lse dtype."""
     if not _DTYPES:
         import torch
 
-        _DTYPES.update({torch.float32: torch.float32, torch.float64: torch.float64, torch.float16: torch.float32})
-        _DTYPES[torch.bfloat16] = torch.float32
+        for name in native.DTYPES:
+            _DTYPES[getattr(torch, name)] = torch.float64 if name == "float64" else torch.float32
     return _DTYPES
 
 
@@ -52,16 +54,15 @@ def lean_attention(q: Any, k: Any, v: Any, causal: bool, scale: Any) -> Result |
         scale = 1.0 / math.sqrt(dk)
     elif type(scale) is not float or not math.isfinite(scale):
         return None
-    rows = None
+    mask_plan = None
     if causal and nq > 1:  # for one query the bottom-right causal mask hides nothing
         mask_plan = masks.plan(masks.causal(), nq, nk, (b, h), *native.tile_shape(nq, nk, dk, dv, "float32"))
-        if not mask_plan.hides_nothing:
-            rows = mask_plan.rows
+    a = kernel_args(scale, threads(), mask_plan)
     # new_empty with the sizes as arguments: a third cheaper than torch.empty(shape, dtype=) (~0.7 us
     # against ~1.1 a tensor, most of it torch's keyword parsing), which a decode step notices
     out = q.new_empty(b, h, nq, dv)
     lse = q.new_empty(b, h, nq) if lse_dtype is q.dtype else q.new_empty((b, h, nq), dtype=lse_dtype)
-    nonfinite, overflowed = native.forward_tensors(q, k, v, out, lse, scale, threads(), rows)
+    nonfinite, overflowed = native.forward_tensors(q, k, v, out, lse, a.scale, a.threads, a.mask)
     if overflowed:
         return None  # the full path runs it again and raises the contract's error
     return Result(out, None, lse)

@@ -37,12 +37,14 @@ another device, dtypes it does not take, weights asked for, opaque score mods.
 """
 
 import math
+import os
 from typing import NamedTuple
 
 from .. import _native as native
 from .. import _torch, masks
 from .._backend import HALF, dtype_name, is_jax, is_torch, is_traced
 from .._checks import check_impl
+from .._native import MAX_THREADS
 from .._typing import Dims
 from ..errors import ArgumentError
 from . import flash, torch_sdpa
@@ -63,8 +65,6 @@ JAX_FLASH_BYTES = 32 * 2**20
 """From this many bytes of scores (B·H·Nq·Nk in the compute dtype) the array engine beats the
 reference on eager JAX arrays: float32 (1, 4, N, 64) causal, flash / reference time 3.7 at
 N = 1024 (16 MiB), 0.59 at N = 1536 (36 MiB), 0.62 at N = 2048; (1, 8, 1024, 64) 0.66."""
-
-NATIVE_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
 class Dispatch(NamedTuple):
@@ -116,12 +116,10 @@ def threads() -> int:
     """The compiled kernel's worker count: torch's when torch is loaded (one pool's worth, never two
     fighting), else ``OMP_NUM_THREADS``, else the CPUs this process may use; at most the
     kernel's own cap (``qkv._native.MAX_THREADS``)."""
-    import os
-
-    cap = native.MAX_THREADS
+    cap = MAX_THREADS
     torch = _torch.loaded()
     if torch is not None:
-        return max(1, min(int(torch.get_num_threads()), cap))
+        return max(1, min(torch.get_num_threads(), cap))
     env = os.environ.get("OMP_NUM_THREADS", "")
     if env.isdigit() and int(env) > 0:
         return min(int(env), cap)
@@ -148,8 +146,8 @@ def native_reason(c: Call) -> str | None:
             return why
     if is_torch(c.q) and c.q.device.type != "cpu":
         return f"the compiled kernel runs on the CPU, the tensors are on {c.q.device}"
-    if dtype_name(c.q) not in NATIVE_DTYPES:
-        return f"the compiled kernel takes {', '.join(NATIVE_DTYPES)}, not {dtype_name(c.q)}"
+    if dtype_name(c.q) not in native.DTYPES:
+        return f"the compiled kernel takes {', '.join(native.DTYPES)}, not {dtype_name(c.q)}"
     if is_jax(c.q) and dtype_name(c.q) == "bfloat16" and not _traced(c):
         return "JAX bfloat16 arrays stay on the array engine"
     if c.want_weights:

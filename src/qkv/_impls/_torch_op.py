@@ -25,7 +25,7 @@ from .. import masks
 from .._finite import overflow_error
 from .._native import KernelMod
 from ..errors import ArgumentError, MaskError
-from ..scores import kernel_ops
+from ._kernel_args import KernelArgs, kernel_args
 from ._plan import threads
 
 
@@ -40,18 +40,14 @@ def encode_mods(native_ops: tuple[KernelMod, ...] | None) -> tuple[str, list[Ten
     return code, [t if isinstance(t, Tensor) else torch.as_tensor(t) for t in tables]
 
 
-def _mods(code: str, tables: list[Tensor], lead: list[int]) -> tuple[KernelMod, ...]:
-    ops = masks.decode_tree(code, [t.detach().contiguous() for t in tables])
-    return kernel_ops(tuple(KernelMod.decoded(op) for op in ops), tuple(int(x) for x in lead))
-
-
-def _mask_args(
-    code: str, data: list[Tensor], lead: list[int], q: Tensor, k: Tensor, v: Tensor, positional: bool = False
-) -> dict[str, Any]:
+def _mask_plan(
+    code: str, data: list[Tensor], lead: tuple[int, ...], q: Tensor, v: Tensor, nk: int, positional: bool
+) -> masks.BlockPlan | None:
+    """The mask's plan on the kernel's tiles, rebuilt from its recipe (None: no mask)."""
     if not code:
-        return {}
+        return None
     mask = masks.decode(code, [d.detach().cpu().numpy() for d in data])
-    nq, nk = q.shape[-2], k.shape[-2]
+    nq = q.shape[-2]
     if positional and mask.align is not None:
         shift = np.asarray(mask.align(np.arange(nq), nq, nk))
         if not bool((shift == nk - nq).all()):  # eager calls run these on the array engine (_compiled declines)
@@ -60,22 +56,15 @@ def _mask_args(
                 "per sequence, which the compiled kernel behind torch.compile cannot (it measures from the call's "
                 "bottom-right corner); call qkv.attention outside torch.compile, or pass the bias as bias="
             )
-    lead_t = tuple(int(x) for x in lead)
-    mask = mask.bound(lead_t)
+    mask = mask.bound(lead)
     mlead = masks.lead_shape(mask, nq, nk)
-    score = (*lead_t, nq, nk)
-    if len(mlead) + 2 > len(score) or any(m not in (1, s) for m, s in zip(mlead[::-1], lead_t[::-1], strict=False)):
+    score = (*lead, nq, nk)
+    if len(mlead) + 2 > len(score) or any(m not in (1, s) for m, s in zip(mlead[::-1], lead[::-1], strict=False)):
         raise MaskError(f"mask {mask.name} has leading axes {mlead}, which do not broadcast to the scores {score}")
-    tiles = native.tile_shape(nq, nk, q.shape[-1], v.shape[-1], "float32")
-    p = masks.plan(mask, nq, nk, lead_t, *tiles)
-    if p.hides_nothing:
-        return {}
-    if p.rows is not None:
-        return {"rows": p.rows}
-    return {"tile_class": p.classes, "bitmap_index": p.bitmap_index, "bitmaps": p.bitmaps}
+    return masks.plan(mask, nq, nk, lead, *native.tile_shape(nq, nk, q.shape[-1], v.shape[-1], "float32"))
 
 
-def _kernel_kwargs(
+def _kernel_args(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -88,18 +77,13 @@ def _kernel_kwargs(
     scale: float,
     dropout: float,
     seed: Tensor,
-) -> dict[str, Any]:
-    mods = _mods(mods_code, mod_tables, lead)
-    kw = dict(
-        scale=scale,
-        mods=mods,
-        bias=None if bias is None else bias.detach(),
-        dropout_p=dropout,
-        seed=int(seed.item()) & 0xFFFFFFFFFFFFFFFF if dropout > 0 else 0,
-        threads=threads(),
-    )
-    kw.update(_mask_args(mask_code, mask_data, lead, q, k, v, positional=any(op.positional for op in mods)))
-    return kw
+) -> KernelArgs:
+    """The operator's inputs as the kernel's arguments (``kernel_args``)."""
+    mods = tuple(KernelMod.decoded(op) for op in masks.decode_tree(mods_code, [t.detach() for t in mod_tables]))
+    lead_t = tuple(int(x) for x in lead)
+    plan = _mask_plan(mask_code, mask_data, lead_t, q, v, k.shape[-2], any(op.positional for op in mods))
+    rng = int(seed.item()) if dropout > 0 else None
+    return kernel_args(scale, threads(), plan, mods, lead_t, None if bias is None else bias.detach(), dropout, rng)
 
 
 @torch.library.custom_op("qkv::attention", mutates_args=(), device_types="cpu")
@@ -121,8 +105,8 @@ def attention_op(
     b, h, nq, _ = q.shape
     out = torch.empty((b, h, nq, v.shape[-1]), dtype=q.dtype)
     lse = torch.empty((b, h, nq), dtype=_lse_dtype(q.dtype))
-    kw = _kernel_kwargs(q, k, v, bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, dropout, seed)
-    _, overflowed = native.forward(q.detach(), k.detach(), v.detach(), out, lse, **kw)
+    a = _kernel_args(q, k, v, bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, dropout, seed)
+    _, overflowed = native.forward(q.detach(), k.detach(), v.detach(), out, lse, **a.keywords())
     if overflowed:
         raise overflow_error(q, k, scale, rows=overflowed)
     return out, lse
@@ -158,19 +142,19 @@ def attention_backward_op(
     dq = torch.empty(q.shape, dtype=acc)
     dk = torch.empty(k.shape, dtype=acc)
     dv = torch.empty(v.shape, dtype=acc)
-    kw = _kernel_kwargs(q, k, v, bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, dropout, seed)
+    a = _kernel_args(q, k, v, bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, dropout, seed)
     _, overflowed = native.backward(
         q.detach(),
         k.detach(),
         v.detach(),
         out.detach(),
-        lse.detach().contiguous(),
+        lse.detach(),
         dout.detach().contiguous(),
         dq,
         dk,
         dv,
-        dlse=None if dlse is None else dlse.detach().contiguous(),
-        **kw,
+        dlse=None if dlse is None else dlse.detach(),
+        **a.keywords(),
     )
     if overflowed:
         raise overflow_error(q, k, scale, rows=overflowed)

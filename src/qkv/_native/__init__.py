@@ -26,7 +26,20 @@ import numpy as np
 
 from .. import _torch
 from . import _facts
-from ._facts import BLOCK_K, BLOCK_Q, DECODE_MAX_NQ, EMPTY, FULL, LANES, MAX_THREADS, PARTIAL, ModKind
+from ._facts import (
+    BLOCK_K,
+    BLOCK_Q,
+    DECODE_MAX_NQ,
+    DTYPES,
+    EMPTY,
+    FULL,
+    LANES,
+    MAX_THREADS,
+    PARTIAL,
+    KvFormat,
+    MaskKind,
+    ModKind,
+)
 from ._kernel_mod import KernelMod
 
 # The facts the kernels and Python share are written once, in C++ (params.hpp); _facts.py is
@@ -70,11 +83,14 @@ def _load() -> tuple[Any, str]:
 
 def _stale_facts(ext: Any) -> list[str]:
     """The names of ``_facts.FACTS`` whose value in the extension ``ext`` differs from ``_facts``."""
-    out = [n for n in _facts.FACTS if n != "ModKind" and getattr(ext, n, None) != getattr(_facts, n)]
-    kinds = getattr(ext, "ModKind", None)
-    if kinds is None or {m.name: int(m.value) for m in kinds} != {m.name: int(m.value) for m in ModKind}:
-        out.append("ModKind")
-    return out
+    return [n for n in _facts.FACTS if _fact_value(getattr(ext, n, None)) != _fact_value(getattr(_facts, n))]
+
+
+def _fact_value(x: Any) -> Any:
+    """A fact as plain data: an enum as its ``{name: value}``, a sequence as a tuple."""
+    if isinstance(x, type) and hasattr(x, "__members__"):
+        return {name: int(m.value) for name, m in x.__members__.items()}
+    return tuple(x) if isinstance(x, (list, tuple)) else x
 
 
 if TYPE_CHECKING:
@@ -138,13 +154,19 @@ def tile_shape(nq: int, nk: int, dk: int, dv: int, dtype: str) -> tuple[int, int
 
 
 def _mods(mods: Sequence[KernelMod]) -> tuple[KernelMod, ...]:
-    """The mods with their tables as arrays the binding reads (a list of slopes becomes float64)."""
+    """The mods with their tables as arrays the binding reads: a torch table detached (the kernel
+    takes no gradient), a JAX one as its NumPy view, a list of slopes as float64."""
     out = []
     for m in mods:
         if not isinstance(m, KernelMod):
             raise TypeError(f"each mod must be a qkv._native.KernelMod, got {m!r}")
-        if m.positional and not hasattr(m.table, "__dlpack__") and not isinstance(m.table, np.ndarray):
-            m = m._replace(table=np.asarray(m.table, dtype=np.float64))
+        t = m.table
+        if m.positional and t is not None and type(t) is not np.ndarray:
+            torch = _torch.loaded()
+            if torch is not None and isinstance(t, torch.Tensor):
+                m = m._replace(table=t.detach())
+            else:
+                m = m._replace(table=np.asarray(t, dtype=None if hasattr(t, "dtype") else np.float64))
         out.append(m)
     return tuple(out)
 
@@ -163,107 +185,78 @@ def _dl(x: Any) -> Any:
 
 
 def forward_tensors(
-    q: Any, k: Any, v: Any, out: Any, lse: Any, scale: float, threads: int, rows: Any = None
+    q: Any, k: Any, v: Any, out: Any, lse: Any, scale: float, threads: int, mask: dict[str, Any]
 ) -> tuple[int, int]:
     """``forward`` for the lean road (``_impls/_lean.py``): detached CPU torch tensors the caller
-    has checked, no mods, bias or dropout. The same kernel call in a third of the Python time: a
-    decode step's whole budget is ~10 us, and ``forward``'s general argument handling costs ~3."""
-    to = _torch.loaded().utils.dlpack.to_dlpack
-    return _ext.forward(to(q), to(k), to(v), to(out), to(lse), scale=scale, rows=rows, threads=threads)
+    has checked, the mask's arrays by keyword, no mods, bias or dropout. The same kernel call in a
+    third of the Python time: a decode step's whole budget is ~10 us, and ``forward``'s general
+    argument handling costs ~3."""
+    to = _to_dlpack or _dlpack_of_torch()
+    return _ext.forward(to(q), to(k), to(v), to(out), to(lse), scale=scale, threads=threads, **mask)
 
 
-def forward(
-    q: Any,
-    k: Any,
-    v: Any,
-    out: Any,
-    lse: Any,
-    *,
-    scale: float,
-    tile_class: Any = None,
-    rows: Any = None,
-    bitmap_index: Any = None,
-    bitmaps: Any = None,
-    mods: Sequence[KernelMod] = (),
-    bias: Any = None,
-    dropout_p: float = 0.0,
-    seed: int = 0,
-    threads: int = 1,
-) -> tuple[int, int]:
-    """Attention forward into ``out (B, H, Nq, Dv)`` and ``lse (B, H, Nq)`` (see the module doc
-    for the argument layouts). Returns ``(rows that attended a non-finite input, rows whose finite
-    inputs overflowed)``: both kinds are written as NaN with ``lse`` NaN; the caller raises for
-    the second (``_native/finite.hpp``)."""
+_to_dlpack: Any = None
+
+
+def _dlpack_of_torch() -> Any:
+    """``torch.utils.dlpack.to_dlpack``, looked up once (torch is loaded: a tensor is in hand)."""
+    global _to_dlpack
+    _to_dlpack = _torch.loaded().utils.dlpack.to_dlpack
+    return _to_dlpack
+
+
+def forward(q: Any, k: Any, v: Any, out: Any, lse: Any, **options: Any) -> tuple[int, int]:
+    """Attention forward into ``out (B, H, Nq, Dv)`` and ``lse (B, H, Nq)``. The keywords:
+
+    - ``scale`` (required): the factor of ``q kᵀ``, a finite number;
+    - the mask: ``rows`` int32 ``(Bm, Hm, Nq, 2)`` (each query row's allowed keys ``[lo, hi)``),
+      and/or ``tile_class`` int8 ``(Bm, Hm, nbq, nbk)`` (EMPTY / PARTIAL / FULL on ``tile_shape``'s
+      grid) with ``bitmap_index`` int32 of the same shape (-1: no bitmap) and ``bitmaps`` uint64
+      ``(n, BQ, ceil(BK/64))`` (a bit per cell of a PARTIAL tile); ``Bm`` is 1 or B, ``Hm`` 1 or H;
+    - ``mods``: score mods, a sequence of ``KernelMod`` run in order inside the tile;
+    - ``bias``: float ``(B|1, H|1, Nq|1, Nk)``, added to the scores after the mods;
+    - ``dropout_p`` in ``[0, 1)`` with its ``seed`` (``philox_keep`` draws the same keep-mask);
+    - ``threads``: worker threads in ``[1, MAX_THREADS]`` (default 1);
+    - ``kv_format`` (a ``KvFormat``): K and V in q's dtype, or quantized (int8, or the float8 bits
+      of E4M3 / E5M2 as uint8) with float32 scales ``k_scale``, ``v_scale`` broadcasting to
+      ``(B, Hkv, Nk)``.
+
+    Returns ``(rows that attended a non-finite input, rows whose finite inputs overflowed)``: both
+    kinds are written as NaN with ``lse`` NaN; the caller raises for the second (``finite.hpp``)."""
     _need()
-    return _ext.forward(
-        _dl(q),
-        _dl(k),
-        _dl(v),
-        _dl(out),
-        _dl(lse),
-        scale=float(scale),
-        tile_class=tile_class,
-        rows=rows,
-        bitmap_index=bitmap_index,
-        bitmaps=bitmaps,
-        mods=_mods(mods),
-        bias=_dl(bias),
-        dropout_p=float(dropout_p),
-        seed=int(seed),
-        threads=int(threads),
-    )
+    return _ext.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), **_options(options))
 
 
 def backward(
-    q: Any,
-    k: Any,
-    v: Any,
-    out: Any,
-    lse: Any,
-    dout: Any,
-    dq: Any,
-    dk: Any,
-    dv: Any,
-    *,
-    dlse: Any = None,
-    scale: float,
-    tile_class: Any = None,
-    rows: Any = None,
-    bitmap_index: Any = None,
-    bitmaps: Any = None,
-    mods: Sequence[KernelMod] = (),
-    bias: Any = None,
-    dropout_p: float = 0.0,
-    seed: int = 0,
-    threads: int = 1,
+    q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, dq: Any, dk: Any, dv: Any, **options: Any
 ) -> tuple[int, int]:
     """Gradients into ``dq (B, H, Nq, Dk)``, ``dk (B, Hkv, Nk, Dk)``, ``dv (B, Hkv, Nk, Dv)``
-    (float32; float64 for float64 inputs), recomputed from ``q, k, v, out, lse``. A row that
-    sends NaN (its forward was NaN, or its q / dO is not finite) sends it along its attended
-    edges only. Returns the counts as ``forward`` does."""
+    (float32; float64 for float64 inputs), recomputed from ``q, k, v, out, lse``; ``dlse`` (an
+    optional keyword, ``(B, H, Nq)``) adds lse's gradient. A row that sends NaN (its forward was
+    NaN, or its q / dO is not finite) sends it along its attended edges only. The other keywords
+    and the returned counts are ``forward``'s."""
     _need()
-    return _ext.backward(
-        _dl(q),
-        _dl(k),
-        _dl(v),
-        _dl(out),
-        _dl(lse),
-        _dl(dout),
-        _dl(dq),
-        _dl(dk),
-        _dl(dv),
-        dlse=_dl(dlse),
-        scale=float(scale),
-        tile_class=tile_class,
-        rows=rows,
-        bitmap_index=bitmap_index,
-        bitmaps=bitmaps,
-        mods=_mods(mods),
-        bias=_dl(bias),
-        dropout_p=float(dropout_p),
-        seed=int(seed),
-        threads=int(threads),
-    )
+    arrays = (_dl(x) for x in (q, k, v, out, lse, dout, dq, dk, dv))
+    return _ext.backward(*arrays, **_options(options))
+
+
+def _options(options: dict[str, Any]) -> dict[str, Any]:
+    """The keywords as the binding reads them (``binding.cpp``'s ``keywords``): arrays through
+    ``_dl``, mods through ``_mods``, numbers as Python's (a NumPy scalar too)."""
+    out = {}
+    for name, x in options.items():
+        if name == "mods":
+            x = _mods(x)
+        elif name in _ARRAYS:
+            x = _dl(x)
+        elif name in _NUMBERS and x is not None and not isinstance(x, bool):
+            x = _NUMBERS[name](x)
+        out[name] = x
+    return out
+
+
+_ARRAYS = frozenset({"bias", "k_scale", "v_scale", "dlse"})  # the mask arrays are NumPy (masks.plan)
+_NUMBERS = {"scale": float, "dropout_p": float, "seed": int, "threads": int, "kv_format": int}
 
 
 def philox_keep(seed: int, b: int, h: int, i0: int, i1: int, j0: int, j1: int, p: float) -> np.ndarray:
@@ -283,12 +276,15 @@ __all__ = [
     "BLOCK_K",
     "BLOCK_Q",
     "DECODE_MAX_NQ",
+    "DTYPES",
     "EMPTY",
     "FULL",
     "KernelMod",
+    "KvFormat",
     "LANES",
     "MAX_THREADS",
     "PARTIAL",
+    "MaskKind",
     "ModKind",
     "available",
     "backward",

@@ -31,6 +31,24 @@ class ModKind(enum.IntEnum):
 
     RELBIAS = 3
 
+DTYPES: tuple = ('float32', 'float64', 'float16', 'bfloat16')
+
+class MaskKind(enum.IntEnum):
+    NONE = 0
+
+    ROWS = 1
+
+    TILES = 2
+
+class KvFormat(enum.IntEnum):
+    NATIVE = 0
+
+    I8 = 1
+
+    E4M3 = 2
+
+    E5M2 = 3
+
 def isa() -> str: ...
 
 def isas() -> list[str]: ...
@@ -39,9 +57,9 @@ def set_isa(name: str) -> None: ...
 
 def tile_shape(nq: int, nk: int, dk: int, dv: int, dtype: str) -> tuple[int, int]: ...
 
-def forward(q: Annotated[NDArray, dict(device='cpu', writable=False)], k: Annotated[NDArray, dict(device='cpu', writable=False)], v: Annotated[NDArray, dict(device='cpu', writable=False)], out: Annotated[NDArray, dict(device='cpu')], lse: Annotated[NDArray, dict(device='cpu')], *, scale: float, tile_class: object | None = None, rows: object | None = None, bitmap_index: object | None = None, bitmaps: object | None = None, mods: object = (), bias: object | None = None, dropout_p: float = 0.0, seed: int = 0, threads: int = 1) -> tuple[int, int]: ...
+def forward(q: Annotated[NDArray, dict(device='cpu', writable=False)], k: Annotated[NDArray, dict(device='cpu', writable=False)], v: Annotated[NDArray, dict(device='cpu', writable=False)], out: Annotated[NDArray, dict(device='cpu')], lse: Annotated[NDArray, dict(device='cpu')], **kw) -> tuple[int, int]: ...
 
-def backward(q: Annotated[NDArray, dict(device='cpu', writable=False)], k: Annotated[NDArray, dict(device='cpu', writable=False)], v: Annotated[NDArray, dict(device='cpu', writable=False)], out: Annotated[NDArray, dict(device='cpu', writable=False)], lse: Annotated[NDArray, dict(device='cpu', writable=False)], dout: Annotated[NDArray, dict(device='cpu', writable=False)], dq: Annotated[NDArray, dict(device='cpu')], dk: Annotated[NDArray, dict(device='cpu')], dv: Annotated[NDArray, dict(device='cpu')], *, dlse: object | None = None, scale: float, tile_class: object | None = None, rows: object | None = None, bitmap_index: object | None = None, bitmaps: object | None = None, mods: object = (), bias: object | None = None, dropout_p: float = 0.0, seed: int = 0, threads: int = 1) -> tuple[int, int]: ...
+def backward(q: Annotated[NDArray, dict(device='cpu', writable=False)], k: Annotated[NDArray, dict(device='cpu', writable=False)], v: Annotated[NDArray, dict(device='cpu', writable=False)], out: Annotated[NDArray, dict(device='cpu', writable=False)], lse: Annotated[NDArray, dict(device='cpu', writable=False)], dout: Annotated[NDArray, dict(device='cpu', writable=False)], dq: Annotated[NDArray, dict(device='cpu')], dk: Annotated[NDArray, dict(device='cpu')], dv: Annotated[NDArray, dict(device='cpu')], **kw) -> tuple[int, int]: ...
 
 def philox_keep_into(keep: Annotated[NDArray, dict(device='cpu')], seed: int, b: int, h: int, i0: int, j0: int, p: float) -> None: ...
 

@@ -31,6 +31,9 @@ BLOCK_Q = 64
 BLOCK_K = 128
 """Keys of one tile."""
 
+DTYPES = ("float32", "float64", "float16", "bfloat16")
+"""The dtypes of q, k, v the kernel computes in (``params.hpp``'s ``DType``, in its order)."""
+
 
 class ModKind(enum.IntEnum):
     """The score mods the kernel runs inside a tile (``mods.hpp``)."""
@@ -41,5 +44,35 @@ class ModKind(enum.IntEnum):
     RELBIAS = 3
 
 
-FACTS = ("EMPTY", "PARTIAL", "FULL", "MAX_THREADS", "DECODE_MAX_NQ", "LANES", "BLOCK_Q", "BLOCK_K", "ModKind")
+class MaskKind(enum.IntEnum):
+    """The mask arrays a call carries (``entrance.hpp``; the FFI's ``mask`` attribute)."""
+
+    NONE = 0
+    ROWS = 1
+    TILES = 2
+
+
+class KvFormat(enum.IntEnum):
+    """How K and V are stored (``params.hpp``): q's dtype, or int8 / float8 bits with float32 scales."""
+
+    NATIVE = 0
+    I8 = 1
+    E4M3 = 2
+    E5M2 = 3
+
+
+FACTS = (
+    "EMPTY",
+    "PARTIAL",
+    "FULL",
+    "MAX_THREADS",
+    "DECODE_MAX_NQ",
+    "LANES",
+    "BLOCK_Q",
+    "BLOCK_K",
+    "DTYPES",
+    "ModKind",
+    "MaskKind",
+    "KvFormat",
+)
 """The names above."""

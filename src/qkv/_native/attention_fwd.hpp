@@ -51,6 +51,18 @@ struct Carver {
 
 // ------------------------------------------------------------------ tiles of K and V
 
+// Row widening for K/V tiles. cvt_f16_row is defined by each ISA translation unit (F16C on x86), so
+// these live here, with the tile loops, and not in dtypes.hpp (which the entrance includes too).
+static inline void cvt_row(const float* s, float* d, int64_t n) { std::memcpy(d, s, size_t(n) * sizeof(float)); }
+static inline void cvt_row(const double* s, double* d, int64_t n) { std::memcpy(d, s, size_t(n) * sizeof(double)); }
+static inline void cvt_row(const bf16_t* s, float* d, int64_t n) {
+  const uint16_t* u = reinterpret_cast<const uint16_t*>(s);
+  for (int64_t i = 0; i < n; ++i) d[i] = bits_to_float(uint32_t(u[i]) << 16);  // bf16 = top half of f32
+}
+static inline void cvt_row(const f16_t* s, float* d, int64_t n) {
+  cvt_f16_row(reinterpret_cast<const uint16_t*>(s), d, n);
+}
+
 // Rows [j0, j0 + jn) of a (b, g) slice of K or V as compute-type rows: the array itself when it
 // already is (no copy), else widened into `buf` with row stride ld_buf (zero padding untouched).
 template <class T, class C>

@@ -121,17 +121,6 @@ static inline double load_any(const void* base, int64_t off, DType dt) {
   }
 }
 
-// Row widening for K/V tiles. cvt_f16_row is defined by each ISA translation unit (F16C on x86).
-static inline void cvt_row(const float* s, float* d, int64_t n) { std::memcpy(d, s, size_t(n) * sizeof(float)); }
-static inline void cvt_row(const double* s, double* d, int64_t n) { std::memcpy(d, s, size_t(n) * sizeof(double)); }
-static inline void cvt_row(const bf16_t* s, float* d, int64_t n) {
-  const uint16_t* u = reinterpret_cast<const uint16_t*>(s);
-  for (int64_t i = 0; i < n; ++i) d[i] = bits_to_float(uint32_t(u[i]) << 16);  // bf16 = top half of f32
-}
-static inline void cvt_row(const f16_t* s, float* d, int64_t n) {
-  cvt_f16_row(reinterpret_cast<const uint16_t*>(s), d, n);
-}
-
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }

@@ -129,8 +129,6 @@ QKV_VOPS(VD, MD, double)
 // NOLINTEND(bugprone-macro-parentheses)
 #undef QKV_LANES
 
-static inline void cvt_f16_row(const uint16_t* s, float* d, int64_t n);
-
 }  // namespace QKV_NS
 }  // namespace qkv_native
 

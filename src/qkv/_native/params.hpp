@@ -1,6 +1,7 @@
-// The plain-data contract between binding.cpp (which knows Python) and the kernels (which do not).
-// binding.cpp has checked every shape, dtype and stride before a Params reaches a kernel, so the
-// kernels trust it. Strides are in elements (not bytes); 0 means a broadcast axis.
+// The plain-data contract between the entrance (entrance.cpp, which checks a call from any host)
+// and the kernels (which know no host). The entrance has checked every shape, dtype and stride
+// before a Params reaches a kernel, so the kernels trust it. Strides are in elements (not bytes);
+// 0 means a broadcast axis.
 #pragma once
 #include <cstdint>
 
@@ -14,7 +15,15 @@
 
 namespace qkv_native {
 
+// The dtypes of q, k, v the kernel computes in; the names in DType order (Python's _facts.DTYPES).
 enum class DType : int { f32 = 0, f64 = 1, f16 = 2, bf16 = 3 };
+constexpr const char* kDTypeNames[] = {"float32", "float64", "float16", "bfloat16"};
+
+// How K and V are stored: in q's dtype (native), or quantized with a float32 scale per
+// (batch, kv head, key): int8, or the float8 bit patterns of E4M3 / E5M2 (OCP FP8) as uint8.
+// Python's _facts.KvFormat; the names in KvFormat order.
+enum class KvFormat : int { native = 0, i8 = 1, e4m3 = 2, e5m2 = 3 };
+constexpr const char* kKvFormatNames[] = {"native", "i8", "e4m3", "e5m2"};
 
 enum TileClass : int8_t { EMPTY = 0, PARTIAL = 1, FULL = 2 };
 
@@ -60,6 +69,10 @@ struct Params {
   DType dtype = DType::f32;
   int64_t B = 0, H = 0, Hkv = 0, Nq = 0, Nk = 0, Dk = 0, Dv = 0;
   Strided q, k, v;  // (B, H, Nq, Dk), (B, Hkv, Nk, Dk), (B, Hkv, Nk, Dv); last stride 1
+  // K/V storage; quantized: k, v hold int8 / float8 bits, scaled per (B, Hkv, Nk) by k_scale, v_scale
+  // (float32, 3-D strides s0..s2, 0 on a broadcast axis)
+  KvFormat kv_format = KvFormat::native;
+  Strided k_scale, v_scale;
   double scale = 1.0;
   // mask (all optional)
   int bq = kBlockQ, bk = kBlockK;  // tile shape (tile_shape())

@@ -1,0 +1,201 @@
+"""The kernel's one entrance (``_native/entrance.cpp``): the K/V storage arguments it checks for
+the quantized cache (``kv_format``, ``k_scale``, ``v_scale``), and the same checks, with the same
+words, behind both adapters (the nanobind binding and XLA's FFI handlers)."""
+
+import numpy as np
+import pytest
+import torch
+
+from qkv import _native as native
+from qkv._native import KvFormat
+
+B, H, HKV, NQ, NK, D = 2, 4, 2, 5, 33, 8
+QUANTIZED = [f for f in KvFormat if f is not KvFormat.NATIVE]
+STORAGE = {KvFormat.I8: np.int8, KvFormat.E4M3: np.uint8, KvFormat.E5M2: np.uint8}
+
+
+def call(kv_format=KvFormat.NATIVE, k=None, v=None, k_scale=None, v_scale=None, backward=False):
+    q = np.zeros((B, H, NQ, D), np.float32)
+    k = np.zeros((B, HKV, NK, D), np.float32) if k is None else k
+    v = np.zeros((B, HKV, NK, D), np.float32) if v is None else v
+    out, lse = np.zeros((B, H, NQ, D), np.float32), np.zeros((B, H, NQ), np.float32)
+    kw = dict(scale=1.0, kv_format=kv_format, k_scale=k_scale, v_scale=v_scale)
+    if backward:
+        g = [np.zeros(x.shape, np.float32) for x in (q, k, v)]
+        return native.backward(q, k, v, out, lse, out, *g, **kw)
+    return native.forward(q, k, v, out, lse, **kw)
+
+
+def cache(fmt, hkv=HKV, nk=NK, d=D):
+    return np.zeros((B, hkv, nk, d), STORAGE[fmt])
+
+
+def scales(shape=(B, HKV, NK), dtype=np.float32):
+    return np.ones(shape, dtype)
+
+
+@pytest.mark.parametrize("fmt", QUANTIZED, ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "shape",
+    [(B, HKV, NK), (1, HKV, 1), (1, 1, 1), (B, 1, NK), (1, HKV, NK)],
+    ids=lambda s: "x".join(map(str, s)),
+)
+def test_a_well_formed_quantized_cache_passes_every_check(fmt, shape):
+    # every check passes; the kernels do not read the format yet, which is the one refusal left
+    with pytest.raises(ValueError, match=f"does not read kv_format={fmt.name.lower()} yet"):
+        call(fmt, cache(fmt), cache(fmt), scales(shape), scales(shape))
+    # a scale broadcast by strides (stride 0 on its axes of 1 or on stretched ones) passes too
+    wide = np.broadcast_to(np.ones(shape, np.float32), (B, HKV, NK))
+    with pytest.raises(ValueError, match="does not read"):
+        call(fmt, cache(fmt), cache(fmt), wide, wide)
+
+
+def test_torch_float8_caches_enter_as_their_uint8_bits():
+    for fmt, dtype in ((KvFormat.E4M3, torch.float8_e4m3fn), (KvFormat.E5M2, torch.float8_e5m2)):
+        k = torch.zeros((B, HKV, NK, D), dtype=dtype).view(torch.uint8)  # zero-copy
+        s = torch.ones((B, HKV, NK))
+        with pytest.raises(ValueError, match="does not read"):
+            call(fmt, k, k, s, s)
+
+
+@pytest.mark.parametrize("fmt", QUANTIZED, ids=lambda f: f.name)
+def test_the_storage_dtype_must_match_the_format(fmt):
+    other = KvFormat.E4M3 if fmt is KvFormat.I8 else KvFormat.I8
+    want = np.dtype(STORAGE[fmt]).name
+    with pytest.raises(TypeError, match=f"k, v must be {want} with kv_format={fmt.name.lower()}, got"):
+        call(fmt, cache(other), cache(other), scales(), scales())
+    with pytest.raises(TypeError, match=f"k, v must be {want}"):
+        call(fmt, np.zeros((B, HKV, NK, D), np.float32), cache(fmt), scales(), scales())
+    with pytest.raises(TypeError, match=f"k, v must be {want}"):
+        call(fmt, cache(fmt), np.zeros((B, HKV, NK, D), np.float32), scales(), scales())
+
+
+@pytest.mark.parametrize("fmt", QUANTIZED, ids=lambda f: f.name)
+def test_a_quantized_cache_is_shaped_as_a_float_one(fmt):
+    with pytest.raises(ValueError, match=r"k must have shape \(B, Hkv, Nk, Dk\) .* \(axis 3\)"):
+        call(fmt, cache(fmt, d=D + 1), cache(fmt), scales(), scales())
+    with pytest.raises(ValueError, match=r"v must have shape \(B, Hkv, Nk\) .* \(axis 2\)"):
+        call(fmt, cache(fmt), cache(fmt, nk=NK - 1), scales(), scales())
+    with pytest.raises(ValueError, match="multiple of the kv heads"):
+        call(fmt, cache(fmt, hkv=3), cache(fmt, hkv=3), scales((B, 3, NK)), scales((B, 3, NK)))
+
+
+@pytest.mark.parametrize("fmt", QUANTIZED, ids=lambda f: f.name)
+def test_the_scales_are_required_float32_and_broadcast_to_b_hkv_nk(fmt):
+    k = cache(fmt)
+    name = fmt.name.lower()
+    with pytest.raises(ValueError, match=f"kv_format={name} needs k_scale and v_scale"):
+        call(fmt, k, k)
+    with pytest.raises(ValueError, match="needs k_scale and v_scale"):
+        call(fmt, k, k, k_scale=scales())
+    with pytest.raises(TypeError, match="k_scale must be float32, got float64"):
+        call(fmt, k, k, scales(dtype=np.float64), scales())
+    with pytest.raises(TypeError, match="v_scale must be float32, got float16"):
+        call(fmt, k, k, scales(), scales(dtype=np.float16))
+    with pytest.raises(ValueError, match=r"k_scale must be 3-D \(B\|1, Hkv\|1, Nk\|1\), got shape \(2, 33\)"):
+        call(fmt, k, k, scales((B, NK)), scales())
+    for axis, (label, size) in enumerate((("B", B), ("Hkv", HKV), ("Nk", NK))):
+        shape = [B, HKV, NK]
+        shape[axis] = size + 1
+        with pytest.raises(ValueError, match=rf"v_scale: axis {axis} must be 1 or {label}={size}, got shape"):
+            call(fmt, k, k, scales(), scales(tuple(shape)))
+
+
+def test_scales_with_a_native_cache_and_unknown_formats_are_refused():
+    with pytest.raises(ValueError, match="k_scale and v_scale scale a quantized K/V cache"):
+        call(KvFormat.NATIVE, k_scale=scales(), v_scale=scales())
+    with pytest.raises(ValueError, match="k_scale and v_scale scale a quantized"):
+        call(KvFormat.NATIVE, v_scale=scales())
+    for bad in (-1, len(KvFormat)):
+        with pytest.raises(ValueError, match=rf"kv_format must be a KvFormat .*, got {bad}"):
+            call(bad)
+
+
+def test_the_backward_takes_a_native_cache_only():
+    fmt = KvFormat.I8
+    with pytest.raises(ValueError, match="the backward takes K and V in q's dtype"):
+        call(fmt, cache(fmt), cache(fmt), scales(), scales(), backward=True)
+    call(backward=True)  # the native one runs
+
+
+# --------------------------------------------------------------------------- one set of messages
+
+
+def _bad_calls():
+    """(name, q, k, v, extra keywords) of calls the entrance refuses."""
+    f32 = np.float32
+    q, k, v = np.zeros((1, 2, 20, 8), f32), np.zeros((1, 1, 30, 8), f32), np.zeros((1, 1, 30, 8), f32)
+    yield "k's Dk", q, k[..., :4], v, {}
+    yield "v's Nk", q, k, v[:, :, :10], {}
+    yield "kv heads", np.zeros((1, 3, 20, 8), f32), np.zeros((1, 2, 30, 8), f32), np.zeros((1, 2, 30, 8), f32), {}
+    yield "dtypes", q, k.astype(np.float64), v, {}
+    yield "rows shape", q, k, v, {"rows": np.zeros((1, 1, 19, 2), np.int32)}
+    yield "rows dtype", q, k, v, {"rows": np.zeros((1, 1, 20, 2), np.int16)}
+    yield "bias keys", q, k, v, {"bias": np.zeros((1, 1, 1, 29), f32)}
+    yield "threads", q, k, v, {"threads": 0}
+    yield "dropout", q, k, v, {"dropout_p": 1.0}
+
+
+@pytest.mark.parametrize("case", list(_bad_calls()), ids=lambda c: c[0])
+def test_the_ffi_refuses_with_the_bindings_words(case):
+    jax = pytest.importorskip("jax")
+    if not hasattr(native._need(), "ffi_handlers"):
+        pytest.skip("the compiled kernel was built without jaxlib's FFI header")
+    from qkv._impls import _jax_ffi
+
+    _, q, k, v, kw = case
+    out, lse = np.zeros((*q.shape[:3], v.shape[3]), q.dtype), np.zeros(q.shape[:3], np.float32)
+    with pytest.raises((ValueError, TypeError)) as binding:
+        native.forward(q, k, v, out, lse, scale=1.0, **kw)
+    _jax_ffi._register()
+    mask = {"rows": native.MaskKind.ROWS} if "rows" in kw else {}
+    operands = [kw[n] for n in ("rows", "bias") if n in kw]
+    attrs = dict(
+        scale=np.float64(1.0),
+        dropout_p=np.float64(kw.get("dropout_p", 0.0)),
+        seed=np.int64(0),
+        threads=np.int64(kw.get("threads", 1)),
+        mask=np.int64(mask.get("rows", native.MaskKind.NONE)),
+        has_bias=np.int64("bias" in kw),
+        n_mods=np.int64(0),
+        kv_format=np.int64(KvFormat.NATIVE),
+        mod_kinds=np.zeros(1, np.int64),
+        mod_c=np.zeros(1),
+        mod_m=np.zeros(1, np.int64),
+    )
+    shapes = (jax.ShapeDtypeStruct(out.shape, out.dtype), jax.ShapeDtypeStruct(lse.shape, lse.dtype))
+    ffi = jax.ffi.ffi_call(_jax_ffi.FORWARD, shapes, vmap_method="broadcast_all")
+    x64 = jax.config.read("jax_enable_x64")
+    jax.config.update("jax_enable_x64", True)  # float64 operands stay float64
+    try:
+        with pytest.raises(Exception) as refused:  # XLA's runtime error, carrying the handler's message
+            jax.block_until_ready(ffi(q, k, v, *operands, **attrs))
+    finally:
+        jax.config.update("jax_enable_x64", x64)
+    assert str(binding.value) in str(refused.value)
+
+
+def test_the_bindings_keywords_are_one_table_for_both_directions():
+    q = np.zeros((1, 1, 3, 4), np.float32)
+    out, lse = np.zeros_like(q), np.zeros((1, 1, 3), np.float32)
+    g = [np.zeros_like(q) for _ in range(3)]
+    ext = native._ext
+    with pytest.raises(TypeError, match="forward\\(\\) got an unexpected keyword argument 'scael'"):
+        ext.forward(q, q, q, out, lse, scael=1.0)
+    with pytest.raises(TypeError, match="forward\\(\\) got an unexpected keyword argument 'dlse'"):
+        ext.forward(q, q, q, out, lse, scale=1.0, dlse=lse)  # the backward's own
+    with pytest.raises(TypeError, match="backward\\(\\) needs the keyword argument scale"):
+        ext.backward(q, q, q, out, lse, out, *g)
+    with pytest.raises(TypeError, match="scale must be a number, got str"):
+        ext.forward(q, q, q, out, lse, scale="1")
+    with pytest.raises(TypeError, match=r"seed must be an int in \[0, 18446744073709551615\], got -1"):
+        ext.forward(q, q, q, out, lse, scale=1.0, seed=-1)
+    with pytest.raises(TypeError, match="threads must be an int"):
+        ext.forward(q, q, q, out, lse, scale=1.0, threads=2.0)
+    with pytest.raises(TypeError, match="bias must be a CPU array"):
+        ext.forward(q, q, q, out, lse, scale=1.0, bias="none")
+    # every keyword, given its default, runs; the backward takes dlse too
+    defaults = dict(tile_class=None, rows=None, bitmap_index=None, bitmaps=None, mods=(), bias=None)
+    defaults |= dict(dropout_p=0.0, seed=0, threads=1, kv_format=0, k_scale=None, v_scale=None)
+    assert ext.forward(q, q, q, out, lse, scale=1.0, **defaults) == (0, 0)
+    assert ext.backward(q, q, q, out, lse, out, *g, scale=1.0, dlse=None, **defaults) == (0, 0)
