@@ -314,7 +314,7 @@ def test_the_plan_cache_under_concurrent_threads():
     alone, and the cache never grows past its bound."""
     import threading
 
-    from qkv.masks import _plan
+    from qkv.masks import _cache
 
     rng = np.random.default_rng(11)
     q = rng.standard_normal((1, 2, 70, 8)).astype(np.float32)
@@ -323,9 +323,9 @@ def test_the_plan_cache_under_concurrent_threads():
         dense = masks.from_dense(np.random.default_rng(n).random((n, n)) < 0.7)
         for mask in (masks.causal(), masks.sliding_window(5), masks.padding(np.array([n - 3])), dense):
             cases.append((n, mask))
-    assert 2 * len(cases) > 2 * _plan.CACHE_SIZE
+    assert 2 * len(cases) > 2 * _cache.CACHE_SIZE
     alone = {i: qkv.attention(q[..., :n, :], q[..., :n, :], q[..., :n, :], mask=m) for i, (n, m) in enumerate(cases)}
-    _plan.cache_clear()
+    _cache.cache_clear()
     errors: list[BaseException] = []
     largest = [0]
 
@@ -337,7 +337,7 @@ def test_the_plan_cache_under_concurrent_threads():
                     n, m = cases[i]
                     out = qkv.attention(q[..., :n, :], q[..., :n, :], q[..., :n, :], mask=m)
                     np.testing.assert_array_equal(out, alone[i])
-                    largest[0] = max(largest[0], len(_plan._cache))
+                    largest[0] = max(largest[0], len(_cache._cache))
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -347,4 +347,4 @@ def test_the_plan_cache_under_concurrent_threads():
     for t in threads:
         t.join()
     assert not errors, errors[0]
-    assert largest[0] == _plan.CACHE_SIZE  # it filled up and evicted, never grew past its bound
+    assert largest[0] == _cache.CACHE_SIZE  # it filled up and evicted, never grew past its bound

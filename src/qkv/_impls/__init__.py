@@ -16,6 +16,8 @@ from .._typing import Result
 from . import flash, reference, torch_sdpa
 from ._autograd import with_autograd as with_autograd
 from ._call import Call as Call
+from ._call import Dispatch as Dispatch
+from ._call import Plan as Plan
 from ._call import build_call as build_call
 from ._call import check_mask_covers as check_mask_covers
 from ._call import dequantized as dequantized
@@ -26,8 +28,6 @@ from ._jax_ffi import handler_reason as handler_reason
 from ._lean import lean_attention as lean_attention
 from ._nonfinite import empty_rows_overflowed as empty_rows_overflowed
 from ._plan import SMALL as SMALL
-from ._plan import Dispatch as Dispatch
-from ._plan import Plan as Plan
 from ._plan import native_reason as native_reason
 from ._plan import plan as plan
 from ._plan import threads as threads

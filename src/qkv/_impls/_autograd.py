@@ -8,16 +8,13 @@ needs it.
 
 from collections.abc import Callable
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._backend import is_torch
 from .._typing import Array, Result
-from ._call import Call
+from ._call import Call, Plan
 
-if TYPE_CHECKING:
-    from ._plan import Plan
-
-Forward = Callable[[Call, "Plan"], Result]
+Forward = Callable[[Call, Plan], Result]
 Backward = Callable[..., tuple[Array, ...]]
 
 
@@ -58,7 +55,7 @@ def with_autograd(forward: Forward, backward: Backward) -> Forward:
     returns its gradient as a fourth array.
     """
 
-    def run(c: Call, p: "Plan") -> Result:
+    def run(c: Call, p: Plan) -> Result:
         learned_bias = c.bias is not None and getattr(c.bias, "requires_grad", False)
         if not is_torch(c.q) or not (learned_bias or any(x.requires_grad for x in (c.q, c.k, c.v))):
             return forward(c, p)

@@ -3,7 +3,8 @@
 ``build_call`` is what ``qkv.attention`` runs in its first lines (and ``explain``, the ring's
 blocks and the benchmarks with it): it checks the arrays, turns the contract's shortcuts into
 one ``Mask`` (``causal=`` and boolean arrays folded in), one float bias and one ``ScoreMod``,
-and a numeric scale. Impls never see ``causal=`` or an array mask.
+and a numeric scale. Impls never see ``causal=`` or an array mask. A decided call is a ``Plan``
+(made by ``_plan.plan``, read by the impls that run it) and reported as a ``Dispatch``.
 """
 
 from typing import Any, NamedTuple
@@ -102,6 +103,51 @@ def dequantized(c: Call) -> Call:
         return c
     dtype = c.q.dtype
     return c._replace(k=dequantize(c.kv.k, dtype), v=dequantize(c.kv.v, dtype), kv=None)
+
+
+class Dispatch(NamedTuple):
+    """What runs a call (``qkv.dispatch``): ``impl`` (``"reference"``, ``"flash"`` or ``"torch"``),
+    for flash its ``engine`` (``"native"``: the compiled tile loop; ``"array"``: array-API code;
+    None for the others), the ``reason`` (one sentence), for the compiled engine the ``tiles``
+    ``(block_q, block_k)`` and the worker ``threads`` it uses (None otherwise), and the format of
+    a quantized K/V cache (``kv_format``: ``"int8"``, ``"float8_e4m3fn"``, ``"float8_e5m2"``;
+    None when ``k`` and ``v`` are float arrays); the reason says whether it is read in place or
+    dequantized first."""
+
+    impl: str
+    engine: str | None
+    reason: str
+    tiles: tuple[int, int] | None = None
+    threads: int | None = None
+    kv_format: str | None = None
+
+
+class Plan(NamedTuple):
+    """A decided call: ``call`` (its mask dropped where the mask hides nothing here), the
+    ``impl`` and ``engine`` that run it, the ``reason``, the flash ``tiles`` and ``threads``, and
+    the mask's plan for those tiles (``masks.BlockPlan``; None without a mask or off flash), and
+    the format of the quantized cache the caller passed (``kv_format``; ``call.kv`` is None once
+    it has been dequantized for an engine other than the compiled kernel)."""
+
+    call: Call
+    impl: str
+    engine: str | None
+    reason: str
+    tiles: tuple[int, int] | None = None
+    threads: int | None = None
+    mask: masks.BlockPlan | None = None
+    kv_format: str | None = None
+
+    def report(self) -> Dispatch:
+        native_run = self.engine == "native"
+        return Dispatch(
+            self.impl,
+            self.engine,
+            self.reason,
+            self.tiles if native_run else None,
+            self.threads if native_run else None,
+            self.kv_format,
+        )
 
 
 def split_mask(mask: Any, causal: bool) -> tuple[Mask | None, Array | None]:

@@ -12,7 +12,7 @@ caller's array library.
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -21,11 +21,8 @@ from .._backend import dtype_name, is_jax, is_traced, kind, namespace, unbroadca
 from .._finite import overflow_error
 from .._heads import cast
 from .._typing import Array, Result
-from ._call import Call
+from ._call import Call, Plan
 from ._kernel_args import KernelArgs, flat, flat_bias, kernel_args
-
-if TYPE_CHECKING:
-    from ._plan import Plan
 
 # --------------------------------------------------------------------------- host libraries
 
@@ -79,7 +76,7 @@ def _host(library: str) -> _Host:
 # --------------------------------------------------------------------------- arguments
 
 
-def _args(h: _Host, c: Call, p: "Plan") -> tuple[Array, Array, Array, KernelArgs]:
+def _args(h: _Host, c: Call, p: Plan) -> tuple[Array, Array, Array, KernelArgs]:
     """q, k, v as the kernel's ``(B, H, N, D)`` arrays and the call's other arguments."""
     d = c.dims
     q, k, v = (h.ready(flat(h.enter(x), d, n, h.broadcast_to)) for x, n in ((c.q, d.h), (c.k, d.hkv), (c.v, d.hkv)))
@@ -97,7 +94,7 @@ def _check(c: Call, overflowed: int) -> None:
         raise overflow_error(c.q, c.k, c.scale, rows=overflowed, score_mod=c.score_mod)
 
 
-def forward(c: Call, p: "Plan") -> Result:
+def forward(c: Call, p: Plan) -> Result:
     """``Result(out, None, lse)`` from the compiled kernel (through XLA's FFI for traced JAX arrays)."""
     if is_jax(c.q) and any(is_traced(x) for x in (c.q, c.k, c.v)):
         from . import _jax_ffi
@@ -114,7 +111,7 @@ def forward(c: Call, p: "Plan") -> Result:
     return Result(h.leave(out.reshape(*lead, d.nq, d.dv)), None, h.leave(lse.reshape(*lead, d.nq)))
 
 
-def backward(dout: Array, c: Call, p: "Plan", out: Array, lse: Array, dlse: Array | None = None) -> tuple[Array, ...]:
+def backward(dout: Array, c: Call, p: Plan, out: Array, lse: Array, dlse: Array | None = None) -> tuple[Array, ...]:
     """``(dq, dk, dv)`` from the compiled kernel (FlashAttention-2 Algorithm 2), reduced to the
     shapes of ``q``, ``k``, ``v`` (grouped heads summed by the kernel, broadcast axes here)."""
     d = c.dims
@@ -139,7 +136,7 @@ def backward(dout: Array, c: Call, p: "Plan", out: Array, lse: Array, dlse: Arra
     return tuple(grads)
 
 
-def _backward(h: _Host, dout: Array, c: Call, p: "Plan", out: Array, lse: Array, dlse: Array | None) -> tuple[Any, ...]:
+def _backward(h: _Host, dout: Array, c: Call, p: Plan, out: Array, lse: Array, dlse: Array | None) -> tuple[Any, ...]:
     """The kernel's ``(dq, dk, dv)`` as ``(B, H, Nq, Dk)``, ``(B, Hkv, Nk, Dk)``, ``(B, Hkv, Nk, Dv)``."""
     d = c.dims
     q, k, v, a = _args(h, c, p)

@@ -38,7 +38,6 @@ another device, dtypes it does not take, weights asked for, opaque score mods.
 
 import math
 import os
-from typing import NamedTuple
 
 from .. import _native as native
 from .. import _torch, masks
@@ -48,7 +47,7 @@ from .._native import MAX_THREADS
 from .._typing import Dims
 from ..errors import ArgumentError
 from . import flash, torch_sdpa
-from ._call import Call, dequantized
+from ._call import Call, Plan, dequantized
 
 SMALL = 256 * 256
 """Below this many score entries per head the reference impl beats the array engine's tiles
@@ -65,51 +64,6 @@ JAX_FLASH_BYTES = 32 * 2**20
 """From this many bytes of scores (B·H·Nq·Nk in the compute dtype) the array engine beats the
 reference on eager JAX arrays: float32 (1, 4, N, 64) causal, flash / reference time 3.7 at
 N = 1024 (16 MiB), 0.59 at N = 1536 (36 MiB), 0.62 at N = 2048; (1, 8, 1024, 64) 0.66."""
-
-
-class Dispatch(NamedTuple):
-    """What runs a call (``qkv.dispatch``): ``impl`` (``"reference"``, ``"flash"`` or ``"torch"``),
-    for flash its ``engine`` (``"native"``: the compiled tile loop; ``"array"``: array-API code;
-    None for the others), the ``reason`` (one sentence), for the compiled engine the ``tiles``
-    ``(block_q, block_k)`` and the worker ``threads`` it uses (None otherwise), and the format of
-    a quantized K/V cache (``kv_format``: ``"int8"``, ``"float8_e4m3fn"``, ``"float8_e5m2"``;
-    None when ``k`` and ``v`` are float arrays); the reason says whether it is read in place or
-    dequantized first."""
-
-    impl: str
-    engine: str | None
-    reason: str
-    tiles: tuple[int, int] | None = None
-    threads: int | None = None
-    kv_format: str | None = None
-
-
-class Plan(NamedTuple):
-    """A decided call: ``call`` (its mask dropped where the mask hides nothing here), the
-    ``impl`` and ``engine`` that run it, the ``reason``, the flash ``tiles`` and ``threads``, and
-    the mask's plan for those tiles (``masks.BlockPlan``; None without a mask or off flash), and
-    the format of the quantized cache the caller passed (``kv_format``; ``call.kv`` is None once
-    it has been dequantized for an engine other than the compiled kernel)."""
-
-    call: Call
-    impl: str
-    engine: str | None
-    reason: str
-    tiles: tuple[int, int] | None = None
-    threads: int | None = None
-    mask: masks.BlockPlan | None = None
-    kv_format: str | None = None
-
-    def report(self) -> Dispatch:
-        native_run = self.engine == "native"
-        return Dispatch(
-            self.impl,
-            self.engine,
-            self.reason,
-            self.tiles if native_run else None,
-            self.threads if native_run else None,
-            self.kv_format,
-        )
 
 
 def threads() -> int:

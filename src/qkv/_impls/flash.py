@@ -13,7 +13,7 @@ the engine in the call's plan (``_plan``); ``Call.engine`` forces one (``"array"
 ``"native"``: tests and benchmarks)."""
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -24,10 +24,7 @@ from ..errors import DTypeError
 from ..masks import full_pairs, kept_pairs, row_tiles, tile_counts
 from . import _flash_array as array_engine
 from . import _flash_native as native_engine
-from ._call import Call
-
-if TYPE_CHECKING:
-    from ._plan import Plan
+from ._call import Call, Plan
 
 BLOCK_Q = 256
 BLOCK_K = 512
@@ -139,7 +136,7 @@ def supports(c: Call) -> str | None:
     return None
 
 
-def forward(c: Call, p: "Plan") -> Result:
+def forward(c: Call, p: Plan) -> Result:
     """``Result(out, weights, lse)`` of the call, by tiles, on the plan's engine."""
     if p.engine == "native":
         return native_engine.forward(c, p)
@@ -147,7 +144,7 @@ def forward(c: Call, p: "Plan") -> Result:
     return array_engine.forward(c, p.tiles[0], p.tiles[1], _classes(c, p))
 
 
-def _classes(c: Call, p: "Plan") -> np.ndarray:
+def _classes(c: Call, p: Plan) -> np.ndarray:
     d = c.dims
     assert p.tiles is not None
     bq, bk = p.tiles
@@ -157,7 +154,7 @@ def _classes(c: Call, p: "Plan") -> np.ndarray:
 
 
 def backward(
-    dout: Array, c: Call, p: "Plan", out: Array, lse: Array, dlse: Array | None = None, dbias: bool = False
+    dout: Array, c: Call, p: Plan, out: Array, lse: Array, dlse: Array | None = None, dbias: bool = False
 ) -> tuple[Array, ...]:
     """Gradients by tiles, recomputing ``A = exp(S - lse)`` (FlashAttention-2, Algorithm 2); a
     bias's gradient (``dbias``) comes from the array engine."""

@@ -15,6 +15,7 @@ import numpy as np
 from .._checks import check_int
 from .._native import EMPTY, FULL, PARTIAL  # the compiled kernel's tile classes (params.hpp)
 from ..errors import MaskError
+from ._cache import cached
 
 Allowed = Callable[[np.ndarray, np.ndarray, int, int], np.ndarray]
 """``(i, j, nq, nk) -> bool array`` broadcast over the index grids ``i`` and ``j``."""
@@ -50,7 +51,7 @@ class Mask:
     ``bind`` is set for masks that depend on the batch and head index (``from_fn(fn(b, h, i,
     j))``): ``qkv.attention`` binds them to its call's leading ``(*B, H)`` shape (``bound``).
     A mask is a pure, immutable function of its indices: its tile classes and bound forms are
-    remembered per size outside it (``masks._plan.cached``).
+    remembered per size outside it (``masks._cache.cached``).
     """
 
     allowed: Allowed
@@ -66,8 +67,6 @@ class Mask:
         """This mask for a call whose scores are ``(*lead, Nq, Nk)`` (itself unless it depends on batch and head)."""
         if self.bind is None:
             return self
-        from ._plan import cached
-
         bind = self.bind
         return cached((self, "bound", tuple(lead)), lambda: bind(tuple(lead)))
 
@@ -108,7 +107,6 @@ class Mask:
             check_int(b, f"Mask.blocks {name}", minimum=1, error=MaskError)
         nbq = -(-nq // block_q)
         r0, r1 = (0, nbq) if rows is None else (max(0, rows[0]), min(nbq, rows[1]))
-        from ._plan import cached
 
         def build() -> np.ndarray:
             q0 = np.arange(r0 * block_q, min(r1 * block_q, nq), block_q)[:, None]

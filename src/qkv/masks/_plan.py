@@ -5,47 +5,16 @@ over index grids; ``plan(mask, nq, nk, lead, block_q, block_k)`` turns it, for o
 tile shape, into the arrays a kernel reads (per-row key intervals where the mask has them, else
 tile classes and a bitmap per PARTIAL tile), laid out ``(Bm, Hm, ...)`` for the call's
 ``(*B, H)``. Plans, tile classes and bound masks are remembered in one bounded, thread-safe
-cache (``cached``): a mask used by every layer of a model is planned once per size.
+cache (``_cache.cached``): a mask used by every layer of a model is planned once per size.
 """
 
 import math
-import threading
-from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
+from ._cache import cached
 from ._mask import EMPTY, FULL, PARTIAL, Mask
-
-CACHE_SIZE = 128
-"""Entries the cache keeps (least recently used first out): a few sizes of a few masks."""
-
-_cache: "OrderedDict[Any, Any]" = OrderedDict()
-_lock = threading.Lock()
-
-
-def cached(key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
-    """``build()`` remembered under ``key`` (whose first item is the mask: masks hash by identity,
-    and the cache holds them, so an id is never reused while its entry lives). Built outside the
-    lock: two threads may build the same value once each, never a torn one."""
-    with _lock:
-        if key in _cache:
-            _cache.move_to_end(key)
-            return _cache[key]
-    value = build()
-    with _lock:
-        _cache[key] = value
-        _cache.move_to_end(key)
-        while len(_cache) > CACHE_SIZE:
-            _cache.popitem(last=False)
-    return value
-
-
-def cache_clear() -> None:
-    """Forget every plan (tests and benchmarks that time planning itself)."""
-    with _lock:
-        _cache.clear()
 
 
 def lead_shape(mask: Mask, nq: int, nk: int) -> tuple[int, ...]:

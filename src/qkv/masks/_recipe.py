@@ -5,7 +5,7 @@ A torch custom operator takes tensors, numbers and strings, not Python objects; 
 it was called (``recorded``), the combinators combine the records, and ``encode`` turns a recipe
 into ``(code, data)``: a string, the same for every call of the same structure, and the arrays
 it refers to (sequence lengths, document ids, a boolean matrix) as tensors. ``decode`` builds
-the mask back (once per code and data contents: ``_plan.cached``). ``from_fn`` masks have no
+the mask back (once per code and data contents: ``_cache.cached``). ``from_fn`` masks have no
 recipe: their predicate is opaque Python.
 
 Inside ``torch.compile`` a constructor only records (``lazy``): its data may be a traced tensor
@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import _torch
+from ._cache import cached
 from ._mask import Mask
 
 compiling = _torch.compiling
@@ -126,7 +127,5 @@ def build(recipe: Any) -> Mask:
 
 def decode(code: str, data: list[np.ndarray]) -> Mask:
     """``build`` of an encoded recipe, remembered per code and data contents."""
-    from ._plan import cached
-
     key = (code, tuple((a.dtype.str, a.shape, a.tobytes()) for a in data))
     return cached(("recipe", key), lambda: build(decode_tree(code, data)))
