@@ -1,6 +1,7 @@
 """The kernel's one entrance (``_native/entrance.cpp``): the K/V storage arguments it checks for
 the quantized cache (``kv_format``, ``k_scale``, ``v_scale``), and the same checks, with the same
-words, behind both adapters (the nanobind binding and XLA's FFI handlers)."""
+qkv.errors class and words, behind its three callers (the nanobind binding, XLA's FFI handlers and
+the torch custom operator)."""
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import torch
 
 from qkv import _native as native
 from qkv._native import KvFormat
+from qkv.errors import ArgumentError, DTypeError, ShapeError
 
 B, H, HKV, NQ, NK, D = 2, 4, 2, 5, 33, 8
 QUANTIZED = [f for f in KvFormat if f is not KvFormat.NATIVE]
@@ -122,36 +124,71 @@ def test_the_backward_takes_a_native_cache_only():
 
 
 def _bad_calls():
-    """(name, q, k, v, extra keywords) of calls the entrance refuses."""
+    """(name, the qkv.errors class, q, k, v, extra keywords) of calls the entrance refuses."""
     f32 = np.float32
     q, k, v = np.zeros((1, 2, 20, 8), f32), np.zeros((1, 1, 30, 8), f32), np.zeros((1, 1, 30, 8), f32)
-    yield "k's Dk", q, k[..., :4], v, {}
-    yield "v's Nk", q, k, v[:, :, :10], {}
-    yield "kv heads", np.zeros((1, 3, 20, 8), f32), np.zeros((1, 2, 30, 8), f32), np.zeros((1, 2, 30, 8), f32), {}
-    yield "dtypes", q, k.astype(np.float64), v, {}
-    yield "rows shape", q, k, v, {"rows": np.zeros((1, 1, 19, 2), np.int32)}
-    yield "rows dtype", q, k, v, {"rows": np.zeros((1, 1, 20, 2), np.int16)}
-    yield "bias keys", q, k, v, {"bias": np.zeros((1, 1, 1, 29), f32)}
-    yield "threads", q, k, v, {"threads": 0}
-    yield "dropout", q, k, v, {"dropout_p": 1.0}
+    yield "k's Dk", ShapeError, q, k[..., :4], v, {}
+    yield "v's Nk", ShapeError, q, k, v[:, :, :10], {}
+    yield (
+        "kv heads",
+        ShapeError,
+        np.zeros((1, 3, 20, 8), f32),
+        np.zeros((1, 2, 30, 8), f32),
+        np.zeros((1, 2, 30, 8), f32),
+        {},
+    )
+    yield "q's rank", ShapeError, q[0], k, v, {}
+    yield "dtypes", DTypeError, q, k.astype(np.float64), v, {}
+    yield "q's dtype", DTypeError, q.astype(np.int32), k, v, {}
+    yield "rows shape", ShapeError, q, k, v, {"rows": np.zeros((1, 1, 19, 2), np.int32)}
+    yield "rows dtype", DTypeError, q, k, v, {"rows": np.zeros((1, 1, 20, 2), np.int16)}
+    yield "bias keys", ShapeError, q, k, v, {"bias": np.zeros((1, 1, 1, 29), f32)}
+    yield "bias heads", ShapeError, q, k, v, {"bias": np.zeros((1, 3, 1, 30), f32)}
+    yield "bias dtype", DTypeError, q, k, v, {"bias": np.zeros((1, 1, 1, 30), np.int8)}
+    yield "threads", ArgumentError, q, k, v, {"threads": 0}
+    yield "dropout", ArgumentError, q, k, v, {"dropout_p": 1.0}
+    yield "scale", ArgumentError, q, k, v, {"scale": float("inf")}
 
 
-@pytest.mark.parametrize("case", list(_bad_calls()), ids=lambda c: c[0])
+BAD = [pytest.param(c, id=c[0]) for c in _bad_calls()]
+# XLA hands every operand over with jax.vmap's axes in front, so a rank is the FFI's own check
+BAD_FFI = [p for p in BAD if p.values[0][2].ndim == 4]
+# the operator's inputs are (B, H, N, D) by its schema; it carries a mask as its recipe and takes
+# the threads from qkv's setting
+BAD_TORCH = [p for p in BAD_FFI if not set(p.values[0][5]) & {"rows", "threads"}]
+
+
+def _binding_refusal(case) -> Exception:
+    _, cls, q, k, v, kw = case
+    out, lse = np.zeros((*q.shape[:-1], v.shape[-1]), np.float32), np.zeros(q.shape[:-1], np.float32)
+    with pytest.raises(cls) as refused:
+        native.forward(q, k, v, out, lse, **({"scale": 1.0} | kw))
+    return refused.value
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_the_binding_raises_the_qkv_error_of_each_refusal(case):
+    name, cls = case[:2]
+    err = _binding_refusal(case)
+    assert type(err) is cls, (name, type(err))
+    assert issubclass(cls, (ValueError, TypeError))  # callers catching those still do
+
+
+@pytest.mark.parametrize("case", BAD_FFI)
 def test_the_ffi_refuses_with_the_bindings_words(case):
     jax = pytest.importorskip("jax")
     if not hasattr(native._need(), "ffi_handlers"):
         pytest.skip("the compiled kernel was built without jaxlib's FFI header")
     from qkv._impls import _jax_ffi
 
-    _, q, k, v, kw = case
-    out, lse = np.zeros((*q.shape[:3], v.shape[3]), q.dtype), np.zeros(q.shape[:3], np.float32)
-    with pytest.raises((ValueError, TypeError)) as binding:
-        native.forward(q, k, v, out, lse, scale=1.0, **kw)
+    _, cls, q, k, v, kw = case
+    binding = _binding_refusal(case)
+    out, lse = np.zeros((*q.shape[:3], v.shape[3]), np.float32), np.zeros(q.shape[:3], np.float32)
     _jax_ffi._register()
     mask = {"rows": native.MaskKind.ROWS} if "rows" in kw else {}
     operands = [kw[n] for n in ("rows", "bias") if n in kw]
     attrs = dict(
-        scale=np.float64(1.0),
+        scale=np.float64(kw.get("scale", 1.0)),
         dropout_p=np.float64(kw.get("dropout_p", 0.0)),
         seed=np.int64(0),
         threads=np.int64(kw.get("threads", 1)),
@@ -162,6 +199,7 @@ def test_the_ffi_refuses_with_the_bindings_words(case):
         mod_kinds=np.zeros(1, np.int64),
         mod_c=np.zeros(1),
         mod_m=np.zeros(1, np.int64),
+        has_dlse=np.int64(0),
     )
     shapes = (jax.ShapeDtypeStruct(out.shape, out.dtype), jax.ShapeDtypeStruct(lse.shape, lse.dtype))
     ffi = jax.ffi.ffi_call(_jax_ffi.FORWARD, shapes, vmap_method="broadcast_all")
@@ -172,7 +210,22 @@ def test_the_ffi_refuses_with_the_bindings_words(case):
             jax.block_until_ready(ffi(q, k, v, *operands, **attrs))
     finally:
         jax.config.update("jax_enable_x64", x64)
-    assert str(binding.value) in str(refused.value)
+    assert f"{cls.__name__}: {binding}" in str(refused.value)
+
+
+@pytest.mark.parametrize("case", BAD_TORCH)
+def test_the_torch_operator_refuses_with_the_bindings_error(case):
+    from qkv._impls import _torch_op  # noqa: F401 - registers torch.ops.qkv
+
+    name, cls, q, k, v, kw = case
+    binding = _binding_refusal(case)
+    t = [torch.from_numpy(x) for x in (q, k, v)]
+    bias = torch.from_numpy(kw["bias"]) if "bias" in kw else None
+    lead = list(q.shape[:2])
+    seed = torch.zeros((), dtype=torch.int64)
+    with pytest.raises(cls) as refused:
+        torch.ops.qkv.attention(*t, bias, "", [], lead, "()", [], kw.get("scale", 1.0), kw.get("dropout_p", 0.0), seed)
+    assert type(refused.value) is cls and str(refused.value) == str(binding), name
 
 
 def test_the_bindings_keywords_are_one_table_for_both_directions():

@@ -135,6 +135,7 @@ def _operands(c: Call, p: Any, b: int) -> tuple[list[Any], dict[str, Any]]:
         mod_kinds=np.asarray([int(op.kind) for op in a.mods] or [0], np.int64),
         mod_c=np.asarray([0.0 if op.positional else float(op.c) for op in a.mods] or [0.0], np.float64),
         mod_m=np.asarray([int(op.m) for op in a.mods] or [0], np.int64),
+        has_dlse=np.int64(0),  # the backward's call passes dlse after dout
     )
     return ops, attrs
 
@@ -163,7 +164,7 @@ def _backward_call(
     shapes = tuple(jax.ShapeDtypeStruct(x.shape, acc) for x in (q, k, v))
     call = jax.ffi.ffi_call(BACKWARD, shapes, vmap_method="broadcast_all")
     args = (q, k, v, out, lse.astype(acc), dout.astype(q.dtype), dlse.astype(acc))
-    return cast(tuple[Any, Any, Any], call(*args, *consts, **attrs, has_dlse=np.int64(1)))
+    return cast(tuple[Any, Any, Any], call(*args, *consts, **(attrs | {"has_dlse": np.int64(1)})))
 
 
 def forward(c: Call, p: Any) -> Result:

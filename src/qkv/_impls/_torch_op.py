@@ -64,21 +64,18 @@ def _mask_plan(
     return masks.plan(mask, nq, nk, lead, *native.tile_shape(nq, nk, q.shape[-1], v.shape[-1], "float32"))
 
 
-def _kernel_args(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    bias: Tensor | None,
-    mask_code: str,
-    mask_data: list[Tensor],
-    lead: list[int],
-    mods_code: str,
-    mod_tables: list[Tensor],
-    scale: float,
-    dropout: float,
-    seed: Tensor,
-) -> KernelArgs:
+# What both operators take after their own tensors, in this order (their schemas share it; the
+# functions receive it as ``*call``): the bias, the mask's recipe, the score's leading axes, the
+# score mods' recipe, the scale, dropout and its seed.
+_CALL = (
+    "Tensor? bias, str mask_code, Tensor[] mask_data, SymInt[] lead, str mods_code, Tensor[] mod_tables, "
+    "float scale, float dropout, Tensor seed"
+)
+
+
+def _kernel_args(q: Tensor, k: Tensor, v: Tensor, call: tuple[Any, ...]) -> KernelArgs:
     """The operator's inputs as the kernel's arguments (``kernel_args``)."""
+    bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, dropout, seed = call
     mods = tuple(KernelMod.decoded(op) for op in masks.decode_tree(mods_code, [t.detach() for t in mod_tables]))
     lead_t = tuple(int(x) for x in lead)
     plan = _mask_plan(mask_code, mask_data, lead_t, q, v, k.shape[-2], any(op.positional for op in mods))
@@ -86,85 +83,67 @@ def _kernel_args(
     return kernel_args(scale, threads(), plan, mods, lead_t, None if bias is None else bias.detach(), dropout, rng)
 
 
-@torch.library.custom_op("qkv::attention", mutates_args=(), device_types="cpu")
-def attention_op(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    bias: Tensor | None,
-    mask_code: str,
-    mask_data: list[Tensor],
-    lead: list[int],
-    mods_code: str,
-    mod_tables: list[Tensor],
-    scale: float,
-    dropout: float,
-    seed: Tensor,
-) -> tuple[Tensor, Tensor]:
-    """The forward pass: ``(out, lse)`` (see the module docstring)."""
-    b, h, nq, _ = q.shape
-    out = torch.empty((b, h, nq, v.shape[-1]), dtype=q.dtype)
-    lse = torch.empty((b, h, nq), dtype=_lse_dtype(q.dtype))
-    a = _kernel_args(q, k, v, bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, dropout, seed)
-    _, overflowed = native.forward(q.detach(), k.detach(), v.detach(), out, lse, **a.keywords())
-    if overflowed:
-        raise overflow_error(q, k, scale, rows=overflowed)
-    return out, lse
+def _check(counts: tuple[int, int], q: Tensor, k: Tensor, a: KernelArgs) -> None:
+    """Raise for rows whose finite inputs overflowed (the kernel's second count; ``finite.hpp``)."""
+    if counts[1]:
+        raise overflow_error(q, k, a.scale, rows=counts[1])
 
 
-@attention_op.register_fake
-def _attention_fake(q, k, v, bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, dropout, seed):
+def _results(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """The forward's empty ``out (B, H, Nq, Dv)`` and ``lse (B, H, Nq)`` (real or fake, as q is)."""
     b, h, nq, _ = q.shape
     return q.new_empty((b, h, nq, v.shape[-1])), q.new_empty((b, h, nq), dtype=_lse_dtype(q.dtype))
 
 
-@torch.library.custom_op("qkv::attention_backward", mutates_args=(), device_types="cpu")
+def _grads(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward's empty ``dq``, ``dk``, ``dv`` in the compute dtype (real or fake, as q is)."""
+    acc = _lse_dtype(q.dtype)
+    return q.new_empty(q.shape, dtype=acc), k.new_empty(k.shape, dtype=acc), v.new_empty(v.shape, dtype=acc)
+
+
+@torch.library.custom_op(
+    "qkv::attention",
+    mutates_args=(),
+    device_types="cpu",
+    schema=f"(Tensor q, Tensor k, Tensor v, {_CALL}) -> (Tensor, Tensor)",
+)
+def attention_op(q: Tensor, k: Tensor, v: Tensor, *call: Any) -> tuple[Tensor, Tensor]:
+    """The forward pass: ``(out, lse)`` (see the module docstring)."""
+    out, lse = _results(q, v)
+    a = _kernel_args(q, k, v, call)
+    _check(native.forward(q.detach(), k.detach(), v.detach(), out, lse, **a.keywords()), q, k, a)
+    return out, lse
+
+
+@attention_op.register_fake
+def _attention_fake(q: Tensor, k: Tensor, v: Tensor, *call: Any) -> tuple[Tensor, Tensor]:
+    return _results(q, v)
+
+
+@torch.library.custom_op(
+    "qkv::attention_backward",
+    mutates_args=(),
+    device_types="cpu",
+    schema=f"(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_CALL}) "
+    "-> (Tensor, Tensor, Tensor)",
+)
 def attention_backward_op(
-    dout: Tensor,
-    dlse: Tensor | None,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    bias: Tensor | None,
-    mask_code: str,
-    mask_data: list[Tensor],
-    lead: list[int],
-    mods_code: str,
-    mod_tables: list[Tensor],
-    scale: float,
-    dropout: float,
-    seed: Tensor,
+    dout: Tensor, dlse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, *call: Any
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` in the compute dtype (FlashAttention-2, Algorithm 2, recomputed)."""
-    acc = _lse_dtype(q.dtype)
-    dq = torch.empty(q.shape, dtype=acc)
-    dk = torch.empty(k.shape, dtype=acc)
-    dv = torch.empty(v.shape, dtype=acc)
-    a = _kernel_args(q, k, v, bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, dropout, seed)
-    _, overflowed = native.backward(
-        q.detach(),
-        k.detach(),
-        v.detach(),
-        out.detach(),
-        lse.detach(),
-        dout.detach().contiguous(),
-        dq,
-        dk,
-        dv,
-        dlse=None if dlse is None else dlse.detach(),
-        **a.keywords(),
-    )
-    if overflowed:
-        raise overflow_error(q, k, scale, rows=overflowed)
+    dq, dk, dv = _grads(q, k, v)
+    a = _kernel_args(q, k, v, call)
+    q_, k_, v_, o_, lse_, do_ = (x.detach() for x in (q, k, v, out, lse, dout.contiguous()))
+    dl = None if dlse is None else dlse.detach()
+    _check(native.backward(q_, k_, v_, o_, lse_, do_, dq, dk, dv, dlse=dl, **a.keywords()), q, k, a)
     return dq, dk, dv
 
 
 @attention_backward_op.register_fake
-def _attention_backward_fake(dout, dlse, q, k, v, out, lse, bias, *rest):
-    acc = _lse_dtype(q.dtype)
-    return q.new_empty(q.shape, dtype=acc), k.new_empty(k.shape, dtype=acc), v.new_empty(v.shape, dtype=acc)
+def _attention_backward_fake(
+    dout: Tensor, dlse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, *rest: Any
+) -> tuple[Tensor, Tensor, Tensor]:
+    return _grads(q, k, v)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
@@ -179,9 +158,8 @@ def _backward(ctx: Any, dout: Tensor, dlse: Tensor | None) -> tuple[Any, ...]:
     q, k, v, out, lse, seed, *rest = ctx.saved_tensors
     bias = rest.pop(0) if has_bias else None
     mask_data, mod_tables = rest[:n_mask], rest[n_mask:]
-    dq, dk, dv = torch.ops.qkv.attention_backward(
-        dout, dlse, q, k, v, out, lse, bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, dropout, seed
-    )
+    call = (bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, dropout, seed)
+    dq, dk, dv = torch.ops.qkv.attention_backward(dout, dlse, q, k, v, out, lse, *call)
     grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype))
     # one entry per input, a list for each list input (bias, masks and tables get no gradient here)
     return (*grads, None, None, [None] * n_mask, None, None, [None] * len(mod_tables), None, None, None)

@@ -7,7 +7,8 @@ V are never copied (grouped heads share them); the GIL is released while it runs
 Everything here works on arrays the caller allocates: ``forward`` and ``backward`` write into
 ``out``/``lse`` and ``dq``/``dk``/``dv``. Inputs may be NumPy arrays, torch tensors (detached)
 or JAX arrays on the CPU; float32, float64, float16 and bfloat16. The arguments are checked in
-the extension; a bad one raises ``ValueError`` / ``TypeError`` naming it.
+the extension's one entrance (``entrance.cpp``); a bad one raises ``qkv.errors``' ``ShapeError``,
+``DTypeError`` or ``ArgumentError`` naming the argument, the axis and the sizes.
 
 If the extension could not be built or loaded, ``available()`` is False and ``reason()`` says
 why; nothing here raises on import.

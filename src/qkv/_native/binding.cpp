@@ -9,6 +9,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <initializer_list>
 #include <limits>
 #include <new>
 #include <string>
@@ -37,9 +38,12 @@ std::string type_of(nb::handle o) { return nb::type_name(o.type()).c_str(); }
 [[noreturn]] void value_error(const std::string& m) { throw nb::value_error(m.c_str()); }
 [[noreturn]] void type_error(const std::string& m) { throw nb::type_error(m.c_str()); }
 
-void raise(const Status& s) {
-  if (s.kind == Status::type_error) type_error(s.message);
-  if (s.kind == Status::value_error) value_error(s.message);
+// A refusal of the entrance as the qkv.errors class it names (each derives from ValueError or
+// TypeError, so callers that catch those still do).
+[[noreturn]] void raise(const Status& s) {
+  const nb::object cls = nb::module_::import_("qkv.errors").attr(s.error_class());
+  PyErr_SetString(cls.ptr(), s.message.c_str());
+  throw nb::python_error();
 }
 
 // The element type of a DLPack dtype, from its code and width.
@@ -170,10 +174,22 @@ void keywords(CallArgs& a, const nb::kwargs& kw, bool backward, std::vector<In>&
 // Both entries return (rows written NaN for a non-finite input, rows whose finite inputs overflowed).
 using Counts = std::tuple<int64_t, int64_t>;
 
-// Check the call at the entrance, then run it with the GIL released.
-Counts run(const CallArgs& a, bool backward) {
+// The positional arrays of both entries, in order: the forward takes the first five.
+constexpr ArrayView CallArgs::* kPositional[] = {&CallArgs::q,   &CallArgs::k,   &CallArgs::v,
+                                                 &CallArgs::out, &CallArgs::lse, &CallArgs::dout,
+                                                 &CallArgs::dq,  &CallArgs::dk,  &CallArgs::dv};
+
+// One call of either direction: its arrays and keywords onto CallArgs, checked at the entrance,
+// then run with the GIL released.
+Counts call(std::initializer_list<ArrayView> arrays, const nb::kwargs& kw, bool backward) {
+  CallArgs a;
+  std::vector<In> keep;
+  const ArrayView* x = arrays.begin();
+  for (size_t i = 0; i < arrays.size(); ++i) a.*kPositional[i] = x[i];
+  keywords(a, kw, backward, keep);
   KernelCall c;
-  raise(backward ? build_backward(a, c) : build_forward(a, c));
+  const Status s = backward ? build_backward(a, c) : build_forward(a, c);
+  if (s.kind != Status::ok) raise(s);
   int64_t counts[2];
   bool ok;
   {
@@ -185,32 +201,12 @@ Counts run(const CallArgs& a, bool backward) {
 }
 
 Counts forward(const In& q, const In& k, const In& v, const Out& out, const Out& lse, const nb::kwargs& kw) {
-  CallArgs a;
-  std::vector<In> keep;
-  a.q = view(q);
-  a.k = view(k);
-  a.v = view(v);
-  a.out = view(out);
-  a.lse = view(lse);
-  keywords(a, kw, false, keep);
-  return run(a, false);
+  return call({view(q), view(k), view(v), view(out), view(lse)}, kw, false);
 }
 
 Counts backward(const In& q, const In& k, const In& v, const In& out, const In& lse, const In& dout, const Out& dq,
                 const Out& dk, const Out& dv, const nb::kwargs& kw) {
-  CallArgs a;
-  std::vector<In> keep;
-  a.q = view(q);
-  a.k = view(k);
-  a.v = view(v);
-  a.out = view(out);
-  a.lse = view(lse);
-  a.dout = view(dout);
-  a.dq = view(dq);
-  a.dk = view(dk);
-  a.dv = view(dv);
-  keywords(a, kw, true, keep);
-  return run(a, true);
+  return call({view(q), view(k), view(v), view(out), view(lse), view(dout), view(dq), view(dk), view(dv)}, kw, true);
 }
 
 void philox_keep_into(const Out& keep, uint64_t seed, int64_t b, int64_t h, int64_t i0, int64_t j0, double p) {

@@ -16,39 +16,6 @@
 
 namespace qkv_native {
 
-const char* elem_name(Elem e) {
-  switch (e) {
-    case Elem::f16:
-      return "float16";
-    case Elem::bf16:
-      return "bfloat16";
-    case Elem::f32:
-      return "float32";
-    case Elem::f64:
-      return "float64";
-    case Elem::i8:
-      return "int8";
-    case Elem::u8:
-      return "uint8";
-    case Elem::i16:
-      return "int16";
-    case Elem::u16:
-      return "uint16";
-    case Elem::i32:
-      return "int32";
-    case Elem::u32:
-      return "uint32";
-    case Elem::i64:
-      return "int64";
-    case Elem::u64:
-      return "uint64";
-    case Elem::boolean:
-      return "bool";
-    default:
-      return "unsupported";
-  }
-}
-
 int64_t ArrayView::size() const {
   int64_t n = 1;
   for (int i = 0; i < rank && i < kMaxRank; ++i) n *= shape[i];
@@ -72,8 +39,9 @@ struct Refusal : std::runtime_error {
   Status::Kind kind;
   Refusal(Status::Kind k, const std::string& m) : std::runtime_error(m), kind(k) {}
 };
-[[noreturn]] void value_error(const std::string& m) { throw Refusal(Status::value_error, m); }
-[[noreturn]] void type_error(const std::string& m) { throw Refusal(Status::type_error, m); }
+[[noreturn]] void shape_error(const std::string& m) { throw Refusal(Status::shape, m); }
+[[noreturn]] void dtype_error(const std::string& m) { throw Refusal(Status::dtype, m); }
+[[noreturn]] void argument_error(const std::string& m) { throw Refusal(Status::argument, m); }
 
 std::string str(int64_t x) { return std::to_string(x); }
 
@@ -84,23 +52,13 @@ std::string shape_str(const ArrayView& a) {
   return s + (a.rank == 1 ? ",)" : ")");
 }
 
+// The float element types are Elem's first four; anything else is no DType.
 bool float_dtype(Elem e, DType& out) {
-  switch (e) {
-    case Elem::f32:
-      out = DType::f32;
-      return true;
-    case Elem::f64:
-      out = DType::f64;
-      return true;
-    case Elem::f16:
-      out = DType::f16;
-      return true;
-    case Elem::bf16:
-      out = DType::bf16;
-      return true;
-    default:
-      return false;
-  }
+  static constexpr DType kOf[] = {DType::f16, DType::bf16, DType::f32, DType::f64};
+  static_assert(int(Elem::f64) == 3, "Elem's float types come first");
+  if (int(e) > int(Elem::f64)) return false;
+  out = kOf[int(e)];
+  return true;
 }
 
 const char* dtype_str(DType d) { return kDTypeNames[int(d)]; }
@@ -132,7 +90,7 @@ constexpr const char* kScale = "(B|1, Hkv|1, Nk|1)";
 
 void need_ndim(const ArrayView& a, const char* name, int nd, const char* axes) {
   if (a.rank != nd)
-    value_error(std::string(name) + " must be " + str(nd) + "-D " + axes + ", got shape " + shape_str(a));
+    shape_error(std::string(name) + " must be " + str(nd) + "-D " + axes + ", got shape " + shape_str(a));
 }
 
 void need_shape(const ArrayView& a, const char* name, std::initializer_list<int64_t> want, const char* axes) {
@@ -142,7 +100,7 @@ void need_shape(const ArrayView& a, const char* name, std::initializer_list<int6
       std::string s = "(";
       int j = 0;
       for (int64_t x : want) s += (j++ ? ", " : "") + str(x);
-      value_error(std::string(name) + " must have shape " + axes + " = " + s + (want.size() == 1 ? ",)" : ")") +
+      shape_error(std::string(name) + " must have shape " + axes + " = " + s + (want.size() == 1 ? ",)" : ")") +
                   ", got " + shape_str(a) + " (axis " + str(i) + ")");
     }
     ++i;
@@ -152,24 +110,24 @@ void need_shape(const ArrayView& a, const char* name, std::initializer_list<int6
 void need_last_unit(const ArrayView& a, const char* name) {
   const int l = a.rank - 1;
   if (a.shape[l] > 1 && a.strides[l] != 1)
-    value_error(std::string(name) + ": the last axis must have stride 1 (got stride " + str(a.strides[l]) +
+    shape_error(std::string(name) + ": the last axis must have stride 1 (got stride " + str(a.strides[l]) +
                 " elements); copy it first, e.g. with .contiguous() / np.ascontiguousarray");
 }
 
 void need_type(const ArrayView& a, const char* name, Elem want) {
-  if (a.type != want) type_error(std::string(name) + " must be " + elem_name(want) + ", got " + elem_name(a.type));
+  if (a.type != want) dtype_error(std::string(name) + " must be " + elem_name(want) + ", got " + elem_name(a.type));
 }
 
 void need_contiguous(const ArrayView& a, const char* name) {
-  if (!a.c_contiguous()) value_error(std::string(name) + " must be C-contiguous");
+  if (!a.c_contiguous()) shape_error(std::string(name) + " must be C-contiguous");
 }
 
 // (Bm, Hm, ...) leading axes of a mask array: Bm in {1, B}, Hm in {1, H}.
 void need_bh(const ArrayView& a, const char* name, int64_t B, int64_t H) {
   if (!(a.shape[0] == 1 || a.shape[0] == B))
-    value_error(std::string(name) + ": axis 0 must be 1 or B=" + str(B) + ", got shape " + shape_str(a));
+    shape_error(std::string(name) + ": axis 0 must be 1 or B=" + str(B) + ", got shape " + shape_str(a));
   if (!(a.shape[1] == 1 || a.shape[1] == H))
-    value_error(std::string(name) + ": axis 1 must be 1 or H=" + str(H) + ", got shape " + shape_str(a));
+    shape_error(std::string(name) + ": axis 1 must be 1 or H=" + str(H) + ", got shape " + shape_str(a));
 }
 
 // Each axis i of `a` is 1 (broadcast) or want[i]; the last one may be required at full size.
@@ -181,7 +139,7 @@ void need_broadcast(const ArrayView& a, const char* name, std::initializer_list<
   for (int64_t w : want) {
     const bool full_only = last_full && i == n - 1;
     if (!(a.shape[i] == w || (!full_only && a.shape[i] == 1)))
-      value_error(std::string(name) + ": axis " + str(i) + " must be " + (full_only ? "" : "1 or ") + *ax + "=" +
+      shape_error(std::string(name) + ": axis " + str(i) + " must be " + (full_only ? "" : "1 or ") + *ax + "=" +
                   str(w) + ", got shape " + shape_str(a));
     ++i;
     ++ax;
@@ -195,8 +153,8 @@ void check_result(const ArrayView& a, const char* name, std::initializer_list<in
   need_shape(a, name, want, axes);
   DType got;
   if (!float_dtype(a.type, got) || got != dt)
-    type_error(std::string(name) + " must be " + dtype_str(dt) + ", got " + elem_name(a.type));
-  if (!a.c_contiguous()) value_error(std::string(name) + " must be C-contiguous (it is written in place)");
+    dtype_error(std::string(name) + " must be " + dtype_str(dt) + ", got " + elem_name(a.type));
+  if (!a.c_contiguous()) shape_error(std::string(name) + " must be C-contiguous (it is written in place)");
 }
 
 // The outputs are the host's writable arrays (nanobind's non-read-only ndarrays, XLA's results).
@@ -218,30 +176,30 @@ void check_kv_scale(const ArrayView& s, const char* name, const Params& P) {
 void check_kv_dtype(Params& P, const CallArgs& a) {
   const ArrayView &q = a.q, &k = a.k, &v = a.v;
   if (a.kv_format < 0 || a.kv_format >= int64_t(std::size(kKvFormatNames)))
-    value_error("kv_format must be a KvFormat (0 native, 1 i8, 2 e4m3, 3 e5m2), got " + str(a.kv_format));
+    argument_error("kv_format must be a KvFormat (0 native, 1 i8, 2 e4m3, 3 e5m2), got " + str(a.kv_format));
   P.kv_format = KvFormat(a.kv_format);
   if (P.kv_format == KvFormat::native) {
     DType dk_, dv_;
     if (!float_dtype(k.type, dk_) || dk_ != P.dtype || !float_dtype(v.type, dv_) || dv_ != P.dtype)
-      type_error(std::string("q, k, v must have one dtype, got ") + elem_name(q.type) + ", " + elem_name(k.type) +
-                 ", " + elem_name(v.type));
+      dtype_error(std::string("q, k, v must have one dtype, got ") + elem_name(q.type) + ", " + elem_name(k.type) +
+                  ", " + elem_name(v.type));
     return;
   }
   const Elem want = P.kv_format == KvFormat::i8 ? Elem::i8 : Elem::u8;
   if (k.type != want || v.type != want)
-    type_error("k, v must be " + std::string(elem_name(want)) + " with kv_format=" + kv_format_name(a.kv_format) +
-               ", got " + elem_name(k.type) + ", " + elem_name(v.type));
+    dtype_error("k, v must be " + std::string(elem_name(want)) + " with kv_format=" + kv_format_name(a.kv_format) +
+                ", got " + elem_name(k.type) + ", " + elem_name(v.type));
 }
 
 // A quantized cache's scales, one float32 per (B, Hkv, Nk) (broadcast where an axis is 1).
 void check_kv_scales(Params& P, const CallArgs& a) {
   if (P.kv_format == KvFormat::native) {
     if (a.k_scale.given() || a.v_scale.given())
-      value_error("k_scale and v_scale scale a quantized K/V cache; with kv_format=native K and V are in q's dtype");
+      argument_error("k_scale and v_scale scale a quantized K/V cache; with kv_format=native K and V are in q's dtype");
     return;
   }
   if (!a.k_scale.given() || !a.v_scale.given())
-    value_error(std::string("kv_format=") + kv_format_name(a.kv_format) + " needs k_scale and v_scale " + kScale);
+    argument_error(std::string("kv_format=") + kv_format_name(a.kv_format) + " needs k_scale and v_scale " + kScale);
   check_kv_scale(a.k_scale, "k_scale", P);
   check_kv_scale(a.v_scale, "v_scale", P);
   P.k_scale = strided(a.k_scale);
@@ -254,7 +212,7 @@ void check_qkv(Params& P, const CallArgs& a) {
   need_ndim(k, "k", 4, kK);
   need_ndim(v, "v", 4, kV);
   if (!float_dtype(q.type, P.dtype))
-    type_error(std::string("q: dtype must be float32, float64, float16 or bfloat16, got ") + elem_name(q.type));
+    dtype_error(std::string("q: dtype must be float32, float64, float16 or bfloat16, got ") + elem_name(q.type));
   check_kv_dtype(P, a);
   P.B = q.shape[0];
   P.H = q.shape[1];
@@ -263,14 +221,14 @@ void check_qkv(Params& P, const CallArgs& a) {
   P.Hkv = k.shape[1];
   P.Nk = k.shape[2];
   P.Dv = v.shape[3];
-  if (P.Nq < 1 || P.Dk < 1) value_error("q: Nq and Dk must be >= 1, got shape " + shape_str(q));
-  if (P.Nk < 1 || P.Hkv < 1) value_error("k: Hkv and Nk must be >= 1, got shape " + shape_str(k));
-  if (P.Dv < 1) value_error("v: Dv must be >= 1, got shape " + shape_str(v));
-  if (P.B < 1 || P.H < 1) value_error("q: B and H must be >= 1, got shape " + shape_str(q));
+  if (P.Nq < 1 || P.Dk < 1) shape_error("q: Nq and Dk must be >= 1, got shape " + shape_str(q));
+  if (P.Nk < 1 || P.Hkv < 1) shape_error("k: Hkv and Nk must be >= 1, got shape " + shape_str(k));
+  if (P.Dv < 1) shape_error("v: Dv must be >= 1, got shape " + shape_str(v));
+  if (P.B < 1 || P.H < 1) shape_error("q: B and H must be >= 1, got shape " + shape_str(q));
   need_shape(k, "k", {P.B, P.Hkv, P.Nk, P.Dk}, kK);
   need_shape(v, "v", {P.B, P.Hkv, P.Nk}, "(B, Hkv, Nk)");
   if (P.H % P.Hkv != 0)
-    value_error("the query heads H=" + str(P.H) + " (q axis 1) must be a multiple of the kv heads Hkv=" + str(P.Hkv) +
+    shape_error("the query heads H=" + str(P.H) + " (q axis 1) must be a multiple of the kv heads Hkv=" + str(P.Hkv) +
                 " (k axis 1)");
   need_last_unit(q, "q");
   need_last_unit(k, "k");
@@ -292,7 +250,7 @@ void check_tiles(Params& P, const CallArgs& a) {
     const auto* d = static_cast<const int8_t*>(t.data);
     for (int64_t x = 0, n = t.size(); x < n; ++x)
       if (d[x] < EMPTY || d[x] > FULL)
-        value_error("tile_class values must be 0 (EMPTY), 1 (PARTIAL) or 2 (FULL), got " + str(d[x]));
+        argument_error("tile_class values must be 0 (EMPTY), 1 (PARTIAL) or 2 (FULL), got " + str(d[x]));
     P.tile_class = d;
     P.tc_b = stride_of(t, 0);
     P.tc_h = stride_of(t, 1);
@@ -309,8 +267,8 @@ void check_tiles(Params& P, const CallArgs& a) {
     P.rw_h = stride_of(r, 1);
   }
   if (!a.bitmap_index.given() && !a.bitmaps.given()) return;
-  if (!a.bitmap_index.given() || !a.bitmaps.given()) value_error("bitmap_index and bitmaps must be given together");
-  if (!a.tile_class.given()) value_error("bitmap_index needs tile_class (bitmaps apply in PARTIAL tiles only)");
+  if (!a.bitmap_index.given() || !a.bitmaps.given()) argument_error("bitmap_index and bitmaps must be given together");
+  if (!a.tile_class.given()) argument_error("bitmap_index needs tile_class (bitmaps apply in PARTIAL tiles only)");
   const ArrayView &bi = a.bitmap_index, &bm = a.bitmaps;
   need_ndim(bi, "bitmap_index", 4, kTiles);
   need_type(bi, "bitmap_index", Elem::i32);
@@ -326,7 +284,7 @@ void check_tiles(Params& P, const CallArgs& a) {
   const auto* d = static_cast<const int32_t*>(bi.data);
   for (int64_t x = 0, n = bi.size(); x < n; ++x)
     if (d[x] < -1 || d[x] >= P.n_bitmaps)
-      value_error("bitmap_index values must be -1 or in [0, " + str(P.n_bitmaps) + "), got " + str(d[x]));
+      argument_error("bitmap_index values must be -1 or in [0, " + str(P.n_bitmaps) + "), got " + str(d[x]));
   P.bitmap_index = d;
   P.bi_b = stride_of(bi, 0);
   P.bi_h = stride_of(bi, 1);
@@ -337,7 +295,7 @@ void check_bias(Params& P, const ArrayView& b) {
   if (!b.given()) return;
   need_ndim(b, "bias", 4, kBias);
   if (!float_dtype(b.type, P.bias_dtype))
-    type_error(std::string("bias must be a float array, got ") + elem_name(b.type));
+    dtype_error(std::string("bias must be a float array, got ") + elem_name(b.type));
   need_broadcast(b, "bias", {P.B, P.H, P.Nq, P.Nk}, {"B", "H", "Nq", "Nk"}, true);
   P.bias = strided(b);
   P.has_bias = true;
@@ -350,7 +308,7 @@ std::vector<double> table_copy(const ArrayView& a, DType dt, int64_t n0, int64_t
   for (int64_t x0 = 0; x0 < n0; ++x0)
     for (int64_t x1 = 0; x1 < n1; ++x1) {
       const double x = load_any(a.data, x0 * s0 + x1 * s1, dt);
-      if (!std::isfinite(x)) value_error(where + ": the table holds NaN or inf");
+      if (!std::isfinite(x)) argument_error(where + ": the table holds NaN or inf");
       buf[size_t(x0 * n1 + x1)] = x;
     }
   return buf;
@@ -359,28 +317,29 @@ std::vector<double> table_copy(const ArrayView& a, DType dt, int64_t n0, int64_t
 void check_mods(KernelCall& c, const std::vector<ModArg>& mods) {
   Params& P = c.P;
   const size_t nm = mods.size();
-  if (nm > size_t(kMaxMods)) value_error("at most " + str(kMaxMods) + " mods, got " + str(int64_t(nm)));
+  if (nm > size_t(kMaxMods)) argument_error("at most " + str(kMaxMods) + " mods, got " + str(int64_t(nm)));
   c.tables.reserve(nm);
   static const char* const kModNames[] = {"mul", "softcap", "alibi", "relbias"};  // ModKind order
   for (size_t x = 0; x < nm; ++x) {
     const ModArg& arg = mods[x];
     if (arg.kind < MOD_MUL || arg.kind > MOD_RELBIAS)
-      value_error("mods[" + str(int64_t(x)) + "]: unknown mod kind " + str(arg.kind) +
-                  "; expected a ModKind (MUL, SOFTCAP, ALIBI or RELBIAS)");
+      argument_error("mods[" + str(int64_t(x)) + "]: unknown mod kind " + str(arg.kind) +
+                     "; expected a ModKind (MUL, SOFTCAP, ALIBI or RELBIAS)");
     Mod& m = P.mods[x];
     m.kind = int(arg.kind);
     const std::string where = "mods[" + str(int64_t(x)) + "] (" + kModNames[arg.kind] + ")";
     if (!mod_has_table(m.kind)) {
       m.c = arg.c;
       if (!std::isfinite(m.c) || (m.kind == MOD_SOFTCAP && !(m.c > 0)))
-        value_error(where + ": c must be finite" + (m.kind == MOD_SOFTCAP ? std::string(" and > 0") : std::string()));
-      if (arg.table.given()) value_error(where + ": takes no table");
+        argument_error(where + ": c must be finite" +
+                       (m.kind == MOD_SOFTCAP ? std::string(" and > 0") : std::string()));
+      if (arg.table.given()) argument_error(where + ": takes no table");
       continue;
     }
     const ArrayView& t = arg.table;
-    if (!t.given()) value_error(where + ": needs its table");
+    if (!t.given()) argument_error(where + ": needs its table");
     DType tdt;
-    if (!float_dtype(t.type, tdt)) type_error(where + ": table must be float, got " + elem_name(t.type));
+    if (!float_dtype(t.type, tdt)) dtype_error(where + ": table must be float, got " + elem_name(t.type));
     const bool alibi = m.kind == MOD_ALIBI;
     int64_t nb = 1, nh = 0, width = 1;
     if (alibi) {
@@ -390,21 +349,21 @@ void check_mods(KernelCall& c, const std::vector<ModArg>& mods) {
         nb = t.shape[0];
         nh = t.shape[1];
       } else {
-        value_error(where + ": slopes must be (Hm,) or (Bm, Hm), got shape " + shape_str(t));
+        shape_error(where + ": slopes must be (Hm,) or (Bm, Hm), got shape " + shape_str(t));
       }
       if (!(nb == 1 || nb == P.B))
-        value_error(where + ": slopes axis 0 must be 1 or B=" + str(P.B) + ", got " + shape_str(t));
+        shape_error(where + ": slopes axis 0 must be 1 or B=" + str(P.B) + ", got " + shape_str(t));
     } else {
       m.m = arg.m;
-      if (m.m < 0) value_error(where + ": M must be >= 0, got " + str(m.m));
-      if (t.rank != 2) value_error(where + ": table must be (Hm, 2M+1), got shape " + shape_str(t));
+      if (m.m < 0) argument_error(where + ": M must be >= 0, got " + str(m.m));
+      if (t.rank != 2) shape_error(where + ": table must be (Hm, 2M+1), got shape " + shape_str(t));
       nh = t.shape[0];
       width = t.shape[1];
       if (width != 2 * m.m + 1)
-        value_error(where + ": table axis 1 must be 2M+1=" + str(2 * m.m + 1) + ", got shape " + shape_str(t));
+        shape_error(where + ": table axis 1 must be 2M+1=" + str(2 * m.m + 1) + ", got shape " + shape_str(t));
     }
     if (!(nh == 1 || nh == P.H))
-      value_error(where + ": head axis must be 1 or H=" + str(P.H) + ", got shape " + shape_str(t));
+      shape_error(where + ": head axis must be 1 or H=" + str(P.H) + ", got shape " + shape_str(t));
     c.tables.push_back(alibi ? table_copy(t, tdt, nb, nh, where) : table_copy(t, tdt, nh, width, where));
     m.table = c.tables.back().data();
     m.tb_b = alibi && nb != 1 ? nh : 0;
@@ -417,14 +376,14 @@ void check_mods(KernelCall& c, const std::vector<ModArg>& mods) {
 void check_call(KernelCall& c, const CallArgs& a) {
   Params& P = c.P;
   check_qkv(P, a);
-  if (!std::isfinite(a.scale)) value_error("scale must be finite, got " + std::to_string(a.scale));
+  if (!std::isfinite(a.scale)) argument_error("scale must be finite, got " + std::to_string(a.scale));
   P.scale = a.scale;
   if (a.threads < 1 || a.threads > kMaxThreads)
-    value_error("threads must be in [1, " + str(kMaxThreads) + "], got " + str(a.threads));
+    argument_error("threads must be in [1, " + str(kMaxThreads) + "], got " + str(a.threads));
   P.threads = int(a.threads);
   P.parallel = parallel_fn();
   if (!(a.dropout_p >= 0.0 && a.dropout_p < 1.0))
-    value_error("dropout_p must be in [0, 1), got " + std::to_string(a.dropout_p));
+    argument_error("dropout_p must be in [0, 1), got " + std::to_string(a.dropout_p));
   P.dropout_p = a.dropout_p;
   P.seed = a.seed;
   P.bq = tile_rows(P.Nq);
@@ -441,8 +400,8 @@ DType acc_dtype(DType d) { return d == DType::f64 ? DType::f64 : DType::f32; }
 // The kernels read K and V in q's dtype until the quantized cache's readers land (decode.hpp).
 void refuse_unread_kv_format(const Params& P) {
   if (P.kv_format != KvFormat::native)
-    value_error(std::string("the compiled kernel does not read kv_format=") + kv_format_name(int64_t(P.kv_format)) +
-                " yet");
+    argument_error(std::string("the compiled kernel does not read kv_format=") + kv_format_name(int64_t(P.kv_format)) +
+                   " yet");
 }
 
 void check_forward(KernelCall& c, const CallArgs& a) {
@@ -462,7 +421,7 @@ void check_row_input(const ArrayView& x, const char* name, const Params& P) {
   need_shape(x, name, {P.B, P.H, P.Nq, P.Dv}, kOut);
   DType got;
   if (!float_dtype(x.type, got) || got != P.dtype)
-    type_error(std::string(name) + " must have q's dtype " + dtype_str(P.dtype));
+    dtype_error(std::string(name) + " must have q's dtype " + dtype_str(P.dtype) + ", got " + elem_name(x.type));
   need_last_unit(x, name);
 }
 
@@ -470,19 +429,20 @@ void check_backward(KernelCall& c, const CallArgs& a) {
   check_call(c, a);
   Params& P = c.P;
   if (P.kv_format != KvFormat::native)
-    value_error("the backward takes K and V in q's dtype (kv_format=native): a quantized cache has no gradient");
+    argument_error("the backward takes K and V in q's dtype (kv_format=native): a quantized cache has no gradient");
   const DType acc = acc_dtype(P.dtype);
   check_row_input(a.out, "out", P);
   check_row_input(a.dout, "dout", P);
   need_ndim(a.lse, "lse", 3, kLse);
   need_shape(a.lse, "lse", {P.B, P.H, P.Nq}, kLse);
   DType got;
-  if (!float_dtype(a.lse.type, got) || got != acc) type_error(std::string("lse must be ") + dtype_str(acc));
+  if (!float_dtype(a.lse.type, got) || got != acc)
+    dtype_error(std::string("lse must be ") + dtype_str(acc) + ", got " + elem_name(a.lse.type));
   if (a.dlse.given()) {
     need_ndim(a.dlse, "dlse", 3, kLse);
     need_shape(a.dlse, "dlse", {P.B, P.H, P.Nq}, kLse);
     if (!float_dtype(a.dlse.type, P.dlse_dtype))
-      type_error(std::string("dlse must be float, got ") + elem_name(a.dlse.type));
+      dtype_error(std::string("dlse must be float, got ") + elem_name(a.dlse.type));
     P.dlse = a.dlse.data;
     P.dlse_s = strided(a.dlse);
   }

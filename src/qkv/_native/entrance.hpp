@@ -9,6 +9,7 @@
 // CallArgs and Params and its check in entrance.cpp (docs/architecture.md, "The kernel's entrance").
 #pragma once
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -18,7 +19,18 @@ namespace qkv_native {
 
 // The element types an argument may arrive in; `other` is anything else (refused where read).
 enum class Elem : int { f16, bf16, f32, f64, i8, u8, i16, u16, i32, u32, i64, u64, boolean, other };
-const char* elem_name(Elem e);
+
+// Each Elem's name (NumPy's, in messages) and width in bytes, in the enum's order.
+struct ElemFacts {
+  const char* name;
+  int bytes;
+};
+inline constexpr ElemFacts kElems[] = {
+    {"float16", 2}, {"bfloat16", 2}, {"float32", 4}, {"float64", 8}, {"int8", 1},   {"uint8", 1}, {"int16", 2},
+    {"uint16", 2},  {"int32", 4},    {"uint32", 4},  {"int64", 8},   {"uint64", 8}, {"bool", 1},  {"unsupported", 0}};
+static_assert(std::size(kElems) == size_t(Elem::other) + 1, "one ElemFacts per Elem");
+inline const char* elem_name(Elem e) { return kElems[int(e)].name; }
+inline int64_t elem_bytes(Elem e) { return kElems[int(e)].bytes; }
 
 // The mask arrays a call carries (ffi.cpp's `mask` attribute; Python's _facts.MaskKind): none, per-row
 // key intervals, or tile classes with a bitmap per PARTIAL tile (mask.hpp).
@@ -81,12 +93,17 @@ struct KernelCall {
   std::vector<std::vector<double>> tables;
 };
 
-// The entrance's verdict: ok, or the error the host raises (TypeError / ValueError in Python,
-// InvalidArgument in XLA) with its message.
+// The entrance's verdict: ok, or a refusal of one kind with its message. Python raises the
+// qkv.errors class of that name (ShapeError, DTypeError, ArgumentError); XLA an InvalidArgument
+// error whose message starts with it.
 struct Status {
-  enum Kind : int { ok = 0, type_error = 1, value_error = 2 };
+  enum Kind : int { ok = 0, shape = 1, dtype = 2, argument = 3 };
   Kind kind = ok;
   std::string message;
+  const char* error_class() const {
+    static const char* const kNames[] = {"", "ShapeError", "DTypeError", "ArgumentError"};
+    return kNames[kind];
+  }
 };
 
 Status build_forward(const CallArgs& a, KernelCall& c);

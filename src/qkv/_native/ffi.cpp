@@ -64,30 +64,6 @@ Elem elem(ffi::DataType t) {
   }
 }
 
-int64_t width(Elem e) {
-  switch (e) {
-    case Elem::f64:
-    case Elem::i64:
-    case Elem::u64:
-      return 8;
-    case Elem::f32:
-    case Elem::i32:
-    case Elem::u32:
-      return 4;
-    case Elem::f16:
-    case Elem::bf16:
-    case Elem::i16:
-    case Elem::u16:
-      return 2;
-    case Elem::i8:
-    case Elem::u8:
-    case Elem::boolean:
-      return 1;
-    default:
-      return 0;
-  }
-}
-
 // The operands' vmapped axes: the leading axes q has beyond its 4, which every operand carries
 // too (broadcast_all), in front of its own `core` axes.
 struct Lead {
@@ -126,8 +102,8 @@ ffi::Error operand(const ffi::AnyBuffer& b, size_t core, const Lead& lead, const
   v.rank = int(core);
   for (size_t i = 0; i < core; ++i) v.shape[i] = d[lead.dims.size() + i];
   dense_strides(v);
-  o.bytes = width(v.type) * v.size();
-  if (!width(v.type)) return ffi::Error::InvalidArgument(std::string(name) + ": unsupported element type");
+  o.bytes = elem_bytes(v.type) * v.size();
+  if (!elem_bytes(v.type)) return ffi::Error::InvalidArgument(std::string(name) + ": unsupported element type");
   o.batched = batched;
   return ffi::Error::Success();
 }
@@ -143,12 +119,15 @@ ArrayView at(const Operand& o, int64_t e, int64_t n, bool merge) {
   return r;
 }
 
+// The attributes of both handlers (decoded by name: XLA_FFI_REGISTER_STRUCT_ATTR_DECODING below,
+// in this order). has_dlse: the backward's dlse operand follows dout (0 for the forward).
 struct Attrs {
   double scale, dropout_p;
   int64_t seed, threads, mask, has_bias, n_mods, kv_format;
   ffi::Span<const int64_t> mod_kinds;
   ffi::Span<const double> mod_c;
   ffi::Span<const int64_t> mod_m;
+  int64_t has_dlse;
 };
 
 // An operand's place in the entrance's CallArgs.
@@ -177,8 +156,9 @@ bool mergeable(const Lead& lead, int64_t B, const Attrs& a, const std::vector<Op
 // Forward or backward: the operands after q, k, v (and the backward's own) as the attributes name
 // them, then one entrance check and one kernel run per vmapped index (or one for all, merged).
 template <bool Backward>
-ffi::Error handle(ffi::RemainingArgs args, ffi::RemainingRets rets, const Attrs& a, bool has_dlse) {
+ffi::Error handle(ffi::RemainingArgs args, ffi::RemainingRets rets, Attrs a) {
   if (args.size() < 3) return ffi::Error::InvalidArgument("expected q, k, v");
+  if (!Backward && a.has_dlse) return ffi::Error::InvalidArgument("has_dlse: the forward takes no dlse");
   Lead lead;
   {
     auto q = args.get<ffi::AnyBuffer>(0);
@@ -194,7 +174,7 @@ ffi::Error handle(ffi::RemainingArgs args, ffi::RemainingRets rets, const Attrs&
     ins.insert(
         ins.end(),
         {{"out", 4, true, &CallArgs::out}, {"lse", 3, true, &CallArgs::lse}, {"dout", 4, true, &CallArgs::dout}});
-    if (has_dlse) ins.push_back({"dlse", 3, true, &CallArgs::dlse});
+    if (a.has_dlse) ins.push_back({"dlse", 3, true, &CallArgs::dlse});
     outs = {{"dq", 4, true, &CallArgs::dq}, {"dk", 4, true, &CallArgs::dk}, {"dv", 4, true, &CallArgs::dv}};
   } else {
     outs = {{"out", 4, true, &CallArgs::out}, {"lse", 3, true, &CallArgs::lse}};
@@ -261,7 +241,7 @@ ffi::Error handle(ffi::RemainingArgs args, ffi::RemainingRets rets, const Attrs&
     call.kv_format = a.kv_format;
     KernelCall k;
     const Status s = Backward ? build_backward(call, k) : build_forward(call, k);
-    if (s.kind != Status::ok) return ffi::Error::InvalidArgument(s.message);
+    if (s.kind != Status::ok) return ffi::Error::InvalidArgument(std::string(s.error_class()) + ": " + s.message);
     int64_t counts[2];
     if (!(Backward ? run_backward(k.P, counts) : run_forward(k.P, counts)))
       return ffi::Error::Internal("qkv: out of memory for the kernel's scratch");
@@ -269,50 +249,27 @@ ffi::Error handle(ffi::RemainingArgs args, ffi::RemainingRets rets, const Attrs&
   return ffi::Error::Success();
 }
 
-Attrs attrs(double scale, double dropout_p, int64_t seed, int64_t threads, int64_t mask, int64_t has_bias,
-            int64_t n_mods, int64_t kv_format, ffi::Span<const int64_t> kinds, ffi::Span<const double> c,
-            ffi::Span<const int64_t> m) {
-  return Attrs{scale, dropout_p, seed, threads, mask, has_bias, n_mods, kv_format, kinds, c, m};
-}
-
-ffi::Error forward_impl(ffi::RemainingArgs args, ffi::RemainingRets rets, double scale, double dropout_p, int64_t seed,
-                        int64_t threads, int64_t mask, int64_t has_bias, int64_t n_mods, int64_t kv_format,
-                        ffi::Span<const int64_t> mod_kinds, ffi::Span<const double> mod_c,
-                        ffi::Span<const int64_t> mod_m) {
-  const Attrs a = attrs(scale, dropout_p, seed, threads, mask, has_bias, n_mods, kv_format, mod_kinds, mod_c, mod_m);
-  return handle<false>(args, rets, a, false);
-}
-
-ffi::Error backward_impl(ffi::RemainingArgs args, ffi::RemainingRets rets, double scale, double dropout_p, int64_t seed,
-                         int64_t threads, int64_t mask, int64_t has_bias, int64_t n_mods, int64_t kv_format,
-                         ffi::Span<const int64_t> mod_kinds, ffi::Span<const double> mod_c,
-                         ffi::Span<const int64_t> mod_m, int64_t has_dlse) {
-  const Attrs a = attrs(scale, dropout_p, seed, threads, mask, has_bias, n_mods, kv_format, mod_kinds, mod_c, mod_m);
-  return handle<true>(args, rets, a, has_dlse != 0);
-}
-
 }  // namespace
 
-// The operands and attributes both handlers take (the Attrs struct, in its order), written once.
-static auto call_binding() {
-  return ffi::Ffi::Bind()
-      .RemainingArgs()
-      .RemainingRets()
-      .Attr<double>("scale")
-      .Attr<double>("dropout_p")
-      .Attr<int64_t>("seed")
-      .Attr<int64_t>("threads")
-      .Attr<int64_t>("mask")
-      .Attr<int64_t>("has_bias")
-      .Attr<int64_t>("n_mods")
-      .Attr<int64_t>("kv_format")
-      .Attr<ffi::Span<const int64_t>>("mod_kinds")
-      .Attr<ffi::Span<const double>>("mod_c")
-      .Attr<ffi::Span<const int64_t>>("mod_m");
-}
+}  // namespace qkv_native
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(QkvFfiForward, forward_impl, call_binding());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(QkvFfiBackward, backward_impl, call_binding().Attr<int64_t>("has_dlse"));
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(qkv_native::Attrs, ffi::StructMember<double>("scale"),
+                                      ffi::StructMember<double>("dropout_p"), ffi::StructMember<int64_t>("seed"),
+                                      ffi::StructMember<int64_t>("threads"), ffi::StructMember<int64_t>("mask"),
+                                      ffi::StructMember<int64_t>("has_bias"), ffi::StructMember<int64_t>("n_mods"),
+                                      ffi::StructMember<int64_t>("kv_format"),
+                                      ffi::StructMember<ffi::Span<const int64_t>>("mod_kinds"),
+                                      ffi::StructMember<ffi::Span<const double>>("mod_c"),
+                                      ffi::StructMember<ffi::Span<const int64_t>>("mod_m"),
+                                      ffi::StructMember<int64_t>("has_dlse"));
+
+namespace qkv_native {
+
+// Both handlers take the operands and results as they come and the attributes as one Attrs.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(QkvFfiForward, handle<false>,
+                              ffi::Ffi::Bind().RemainingArgs().RemainingRets().Attrs<Attrs>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(QkvFfiBackward, handle<true>,
+                              ffi::Ffi::Bind().RemainingArgs().RemainingRets().Attrs<Attrs>());
 
 void* ffi_forward_handler() { return reinterpret_cast<void*>(QkvFfiForward); }
 void* ffi_backward_handler() { return reinterpret_cast<void*>(QkvFfiBackward); }
