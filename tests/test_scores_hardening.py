@@ -213,7 +213,7 @@ def test_alibi_per_sequence_with_torch_gradients_and_inside_the_operator(rng):
     code, data = masks.encode(mask.recipe)  # what a traced program hands the operator
     tensors = [torch.as_tensor(d) for d in data]
     with pytest.raises(qkv.errors.ArgumentError, match="measure positions per sequence"):
-        _torch_op._mask_args(code, tensors, [1, 2], *t[:2], t[2], positional=True)
+        _torch_op._mask_plan(code, tensors, (1, 2), t[0], t[2], t[1].shape[-2], positional=True)
 
 
 # --------------------------------------------------------------------------- scores.from_fn
