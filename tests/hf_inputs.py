@@ -89,7 +89,9 @@ def _boxes(config: Any, length: int, g: Any) -> Any:
     return torch.cat([corner, corner + extent], -1)
 
 
-def _audio_features(config: Any, g: Any) -> Iterator[Any]:
+def _audio_features(config: Any, g: Any, with_frames: bool = False) -> Iterator[Any]:
+    """Audio features ``(B, mel, frames)`` and ``(B, frames, mel)`` (each with its frame count when
+    ``with_frames``): the layouts models read."""
     import torch
 
     audio = _sub(config, "audio_config", "encoder_config", "speech_config", "encoder")
@@ -99,13 +101,13 @@ def _audio_features(config: Any, g: Any) -> Iterator[Any]:
     if isinstance(per_channel, int):
         mel = per_channel * _int(audio, "input_channels", default=1)
     frames = 2 * _int(audio, "max_source_positions", default=32)
-    yield torch.randn(B, mel, frames, generator=g)
-    yield torch.randn(B, frames, mel, generator=g)
-    yield torch.randn(B, mel, 64, generator=g)
-    yield torch.randn(B, 64, mel, generator=g)
+    shapes = [(mel, frames, frames), (frames, mel, frames), (mel, 64, 64), (64, mel, 64)]
     projected = _int(audio, "feature_projection_input_dim", default=0)  # stacked frames (w2v-BERT's 2 x 80)
     if projected and projected != mel:
-        yield torch.randn(B, 64, projected, generator=g)
+        shapes.append((64, projected, 64))
+    for a, b, n in shapes:
+        f = torch.randn(B, a, b, generator=g)
+        yield (f, n) if with_frames else f
 
 
 def _grid_pixels(config: Any, g: Any) -> dict[str, Any]:
@@ -140,28 +142,37 @@ def _image_sets(config: Any, params: set[str], g: Any) -> Iterator[dict[str, Any
     yield {"pixel_values": pixels[:, None]}
 
 
-def image_token(config: Any) -> int | None:
-    """The id standing for one image feature in the text (None: the model has none)."""
-    for name in ("image_token_id", "image_token_index"):
+def media_token(config: Any, kind: str = "image") -> int | None:
+    """The id standing for one image (audio) feature in the text (None: the model has none)."""
+    for name in (f"{kind}_token_id", f"{kind}_token_index"):
         value = getattr(config, name, None)
         if isinstance(value, int):
             return value
     return None
 
 
-def _features(model: Any, images: dict[str, Any]) -> int | None:
-    """How many text positions the images of one sequence fill: the model's own image features."""
+def _features(model: Any, media: dict[str, Any], kind: str = "image") -> int | None:
+    """How many text positions the images (audio clips) of one sequence fill: the model's own
+    ``get_image_features`` (``get_audio_features``) says."""
     import torch
 
-    get = getattr(model, "get_image_features", None)
+    tower = next((m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == f"{kind}_tower"), None)
+    get = getattr(model, f"get_{kind}_features", None) or tower  # Qwen2-Audio has only its tower
     if get is None:
         return None
+    if isinstance(get, torch.nn.Module):
+        get = get.forward
+    takes = set(inspect.signature(get).parameters)
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(get).parameters.values()):
+        media = {k: v for k, v in media.items() if k in takes}
     with torch.no_grad():
         try:
-            out = get(**{k: v for k, v in images.items() if k != "image_sizes"})
+            out = get(**{k: v for k, v in media.items() if k != "image_sizes"})
         except Exception:  # noqa: BLE001 - this model's features need the image sizes (LLaVA-NeXT)
-            out = get(**images)
-    feats = getattr(out, "pooler_output", None) if not isinstance(out, (torch.Tensor, list, tuple)) else out
+            out = get(**media)
+    if not isinstance(out, (torch.Tensor, list, tuple)):
+        out = getattr(out, "pooler_output", None) if getattr(out, "pooler_output", None) is not None else out[0]
+    feats = out
     if isinstance(feats, (list, tuple)):
         feats = torch.cat([f.reshape(-1, f.shape[-1]) for f in feats])
     if not isinstance(feats, torch.Tensor):
@@ -169,15 +180,18 @@ def _features(model: Any, images: dict[str, Any]) -> int | None:
     return feats.reshape(-1, feats.shape[-1]).shape[0] // B
 
 
-def _with_images(model: Any, config: Any, text: dict[str, Any], images: dict[str, Any]) -> dict[str, Any] | None:
-    """``text`` with each sequence's real tokens preceded by its image's placeholder tokens."""
+def _with_images(
+    model: Any, config: Any, text: dict[str, Any], images: dict[str, Any], kind: str = "image"
+) -> dict[str, Any] | None:
+    """``text`` with each sequence's real tokens preceded by its image's (audio clip's) placeholder
+    tokens, as many as the model's features of it."""
     import torch
 
-    token = image_token(config)
+    token = media_token(config, kind)
     if token is None or "input_ids" not in text:
         return None
     try:
-        n = _features(model, images)
+        n = _features(model, images, kind)
     except Exception:  # noqa: BLE001 - the model cannot describe its images this way: no image input
         return None
     if not n:
@@ -193,11 +207,57 @@ def _with_images(model: Any, config: Any, text: dict[str, Any], images: dict[str
         new_am.append(torch.cat(flags if left else flags[::-1]))
     new_ids, new_am = torch.stack(new_ids), torch.stack(new_am)
     out = {**text, "input_ids": new_ids, **images}
-    if "mm_token_type_ids" in signature(model):  # Qwen2-VL's multimodal RoPE: 1 marks an image token
+    if kind == "image" and "mm_token_type_ids" in signature(model):  # Qwen2-VL's multimodal RoPE
         out["mm_token_type_ids"] = (new_ids == token).long()
     if "attention_mask" in text:
         out["attention_mask"] = new_am
     return out
+
+
+def _audio_sets(params: set[str], config: Any, g: Any) -> Iterator[dict[str, Any]]:
+    """One clip of audio features per sequence, in each layout ``_audio_features`` tries, with
+    every frame real where the forward takes a features mask."""
+    import torch
+
+    for f, frames in _audio_features(config, g, with_frames=True):
+        side = {"input_features": f}
+        for name in ("feature_attention_mask", "input_features_mask"):
+            if name in params:
+                side[name] = torch.ones(B, frames, dtype=torch.long)
+        yield side
+
+
+def _other_sides(config: Any, params: set[str], main: str, padded: str, g: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Inputs of models that read neither text nor images nor audio as such: embeddings in place
+    of token ids (a Q-Former's queries, a decoder fed another model's states), time series."""
+    import torch
+
+    if main.endswith("embeds") and main in params:
+        width = _int(_sub(config, "text_config", "qformer_config"), "hidden_size", "d_model", default=32)
+        side = {main: torch.randn(B, SEQ, width, generator=g)}
+        if "attention_mask" in params:
+            side["attention_mask"] = _padding(SEQ, padded)
+        yield ("embeddings", side)
+        if "encoder_hidden_states" in params:  # cross-attention to another model's states (BLIP-2's Q-Former)
+            memory = _int(config, "encoder_hidden_size", "hidden_size", default=width)
+            yield ("embeddings + memory", {**side, "encoder_hidden_states": torch.randn(B, SEQ, memory, generator=g)})
+    if main == "past_values" and main in params:
+        length = _int(config, "context_length", default=64)
+        channels = _int(config, "num_input_channels", "input_size", default=1)
+        padding = {n: torch.zeros(B, length, dtype=torch.long) for n in ("past_values_padding",) if n in params}
+        if "freq" in params:  # TimesFM's frequency class of each series
+            padding["freq"] = torch.zeros(B, 1, dtype=torch.long)
+        yield ("time series", {main: torch.randn(B, length, channels, generator=g), **padding})
+        yield ("time series", {main: torch.randn(B, length, generator=g), **padding})
+        yield ("time series", {main: list(torch.randn(B, length, generator=g))})
+
+
+def prepare(model: Any) -> None:
+    """What a model needs set before its first forward, as its processor or a user sets it: the
+    language of X-MOD's adapters."""
+    languages = getattr(model.config, "languages", None)
+    if hasattr(model, "set_default_language") and languages:
+        model.set_default_language(list(languages)[0])
 
 
 def signature(model: Any) -> set[str]:
@@ -229,6 +289,10 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
             text["attention_mask"] = am
         if "bbox" in params:
             text["bbox"] = _boxes(config, SEQ, g)
+        if "qformer_input_ids" in params:  # InstructBLIP's instruction, read by its Q-Former too
+            text["qformer_input_ids"] = text["input_ids"]
+            if "qformer_attention_mask" in params and "attention_mask" in text:
+                text["qformer_attention_mask"] = text["attention_mask"]
     if is_encoder_decoder(config) and "decoder_input_ids" in params:
         text["decoder_input_ids"] = _ids(config, g, DEC)
     if "pixel_values" in params and "input_ids" in text:
@@ -236,9 +300,17 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
             both = _with_images(model, config, text, images)
             if both is not None:
                 yield ("text + image", both)
-    if main == "input_ids" or main not in params:
+    if "input_features" in params and "input_ids" in text and media_token(config, "audio") is not None:
+        for audio in _audio_sets(params, config, g):  # an audio LM: its clips' placeholders in the text
+            both = _with_images(model, config, text, audio, "audio")
+            if both is not None:
+                yield ("text + audio", both)
+    if text and (main == "input_ids" or main not in params):
         yield ("text", text)
-    sides: list[tuple[str, dict[str, Any]]] = []
+    first = next(iter(inspect.signature(model.forward).parameters), main)  # BLIP-2's Q-Former: not main_input_name
+    sides: list[tuple[str, dict[str, Any]]] = list(
+        _other_sides(config, params, main if main in params else first, padded, g)
+    )
     grid_name = next((n for n in ("grid_thw", "image_grid_thw") if n in params), None)
     if grid_name is not None and "input_ids" not in params:  # a vision tower of flattened patches (Qwen2-VL's)
         grid = _grid_pixels(config, g)
@@ -258,7 +330,7 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
             "spatial_shapes": shapes,
         }
         sides.append(("image patches", side))
-    if "pixel_values_videos" in params and "input_ids" not in params:  # a video encoder (V-JEPA 2)
+    if "pixel_values_videos" in params and "pixel_values" not in params:  # a video encoder (V-JEPA 2, VideoPrism)
         video = _video(config, g)
         sides += [("video", {"pixel_values_videos": video})] if video is not None else []
     if "pixel_values" in params:
@@ -267,17 +339,14 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
         sides += [
             ("pixels", {"pixel_values": _pixels(config, g)}),
             ("pixels 64", {"pixel_values": _pixels(config, g, 64)}),
+            ("video of 2 frames", {"pixel_values": _pixels(config, g)[:, None].expand(-1, 2, -1, -1, -1).clone()}),
         ]
     if "input_values" in params:
         sides += [(f"waveform {n}", {"input_values": torch.randn(B, n, generator=g)}) for n in (4000, 16000)]
         sides += [("waveform 4000, 1 channel", {"input_values": torch.randn(B, 1, 4000, generator=g)})]  # codecs
         sides += [("spectrogram", {"input_values": f}) for f in _audio_features(config, g)]  # AST's (B, frames, mel)
     if "input_features" in params:
-        for f in _audio_features(config, g):
-            side = {"input_features": f}
-            if "input_features_mask" in params:  # every frame real
-                side["input_features_mask"] = torch.ones(B, max(f.shape[1:]), dtype=torch.long)
-            sides.append(("audio features", side))
+        sides += [("audio features", side) for side in _audio_sets(params, config, g)]
     for what, side in sides:
         if "input_ids" in text:
             yield (f"text + {what}", {**text, **side})

@@ -92,6 +92,8 @@ SIZES = {
     "base_channels": 32, "latent_channels": 32, "num_embeddings": 64, "patch_embeds_hidden_size": 8,
     # images, clips and spectrograms
     "crop_size": 64, "frames_per_clip": 4,
+    # time series, context windows
+    "context_length": 64, "context_size": 32, "index_kpool": 2, "indexer_budget": 8, "indexer_compress_ratio": 2,
     "num_frames": 4, "max_length": 64, "coordinate_size": 4, "shape_size": 8,
     "image_size": 64, "mm_tokens_per_image": 4, "num_kv_shared_layers": 2,
 }  # fmt: skip
@@ -141,9 +143,24 @@ DEPTHS = frozenset(
 
 TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1}
 
-OPTIONAL = frozenset({"num_experts_per_tok", "head_dim"})
+LAYER_INDICES = frozenset({"vision_feature_layer", "feature_layer", "vision_feature_layers"})
+"""Layers (an index or a list: LLaVA's -2, Molmo 2's [24, 18]) whose hidden states a model reads:
+kept where the shrunk depth has them, else moved to its nearest layer."""
+
+
+def _layer_index(value: Any, depth: int) -> Any:
+    if isinstance(value, (list, tuple)):
+        return type(value)(_layer_index(v, depth) for v in value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return min(value, depth - 1) if value >= 0 else max(value, -depth)
+    return value
+
+
+OPTIONAL = frozenset(
+    {"num_experts_per_tok", "head_dim", "vocab_size", "num_key_value_heads", "indexer_budget", "indexer_compress_ratio"}
+)
 """Sizes a default config leaves None that its model still reads as a number (DeepSeek-V2's
-``topk(k=None)``, Hunyuan's ``head_dim ** -0.5``)."""
+``topk(k=None)``, Hunyuan's ``head_dim ** -0.5``, ESM's vocabulary, Nemotron's kv heads)."""
 CHOICES = {"use_timm_backbone": False, "use_pretrained_backbone": False}
 """Choices a default config makes that need what this machine lacks: a timm backbone (timm is not
 installed) or pretrained weights (nothing downloads); transformers' own backbone instead."""
@@ -166,6 +183,9 @@ KIND_PATTERNS = {
 PLACEHOLDERS = {"image": VOCAB - 1, "video": VOCAB - 2, "audio": VOCAB - 3}
 """The ids of the placeholder tokens (an image's, a video's, an audio clip's features in the text):
 the top of the shrunk vocabulary, which ``hf_inputs`` never draws text from."""
+
+
+PLACEHOLDER_NAMES = frozenset(f"{kind}_token_{what}" for kind in PLACEHOLDERS for what in ("id", "index"))
 
 
 def special(name: str) -> int:
@@ -236,6 +256,8 @@ def _overrides(config: Any, depth: int, full_depth: int | None) -> dict[str, Any
         elif name == "attention_types" and isinstance(value, list) and value and isinstance(value[0], list):
             kinds = value[0][0]  # GPT-Neo's [[kinds, repeats]]: the kinds repeated to the depth
             kw[name] = [[kinds, max(1, depth // len(kinds))]]
+        elif name in LAYER_INDICES and value is not None:  # layers a model reads features from: in range
+            kw[name] = _layer_index(value, depth)
         elif name in CHOICES and value != CHOICES[name]:
             kw[name] = CHOICES[name]
         elif name in PLACES and value is None:
@@ -243,6 +265,8 @@ def _overrides(config: Any, depth: int, full_depth: int | None) -> dict[str, Any
         elif name in TOKENS and isinstance(value, int):
             kw[name] = TOKENS[name]
         elif name.endswith(("_token_id", "_token_index")) and isinstance(value, int) and value >= VOCAB - 16:
+            kw[name] = special(name)
+        elif value is None and name in PLACEHOLDER_NAMES:  # left for the checkpoint to set (Voxtral's audio)
             kw[name] = special(name)
     if "kv_lora_rank" in kw and "num_key_value_heads" in kw:  # latent attention: every head has its keys
         kw["num_key_value_heads"] = kw.get("num_attention_heads", SIZES["num_attention_heads"])
@@ -254,15 +278,35 @@ def _overrides(config: Any, depth: int, full_depth: int | None) -> dict[str, Any
     return kw
 
 
+def _reads_sections(config: Any) -> set[str]:
+    """The RoPE section keys ``config``'s model reads with a default for the full head (Qwen2-VL's
+    ``mrope_section`` as ``[16, 24, 24]``): named by the config class or found in its modeling code."""
+    import importlib
+
+    keys = {k for k in getattr(type(config), "ignore_keys_at_rope_validation", None) or () if "section" in k}
+    try:
+        modeling = type(config).__module__.replace(".configuration_", ".modeling_")
+        source = inspect.getsource(importlib.import_module(modeling))
+    except Exception:  # noqa: BLE001 - no modeling module of that name: the class's own list stands
+        return keys
+    return keys | set(re.findall(r"""\.get\(["'](\w*section)["']""", source))
+
+
 def _rope(rope: dict[str, Any], kw: dict[str, Any], config: Any) -> dict[str, Any] | None:
     """RoPE sections (Qwen2-VL's ``mrope_section``: rotary frequencies per axis) rescaled to sum to
-    the shrunk head's rotary half, in the full config's proportions."""
+    the shrunk head's rotary half, in the full config's proportions; per layer type where the
+    parameters are (Cohere Compass, NeoMME). None: nothing to change."""
+    if rope and all(isinstance(v, dict) for v in rope.values()):
+        parts = {k: _rope(dict(v), kw, config) for k, v in rope.items()}
+        return {k: parts[k] or v for k, v in rope.items()} if any(parts.values()) else None
+    if "rope_type" not in rope:
+        return None
     head = kw.get("head_dim") or SIZES["head_dim"]
     factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
     half = max(int(head * factor) // 2, 1)
     changed = False
-    for key in getattr(type(config), "ignore_keys_at_rope_validation", None) or ():
-        if "section" in key and key not in rope:  # the model's code has a default for the full head: [16, 24, 24]
+    for key in _reads_sections(config):
+        if key not in rope:  # the model's code has a default for the full head: [16, 24, 24]
             rope[key] = [2, 3, 3]
     for key, value in rope.items():
         if "section" in key and isinstance(value, list) and value and all(isinstance(v, int) for v in value):
@@ -301,9 +345,49 @@ def _depth(config: Any) -> int | None:
     return own or max((d for d in subs if d), default=None)
 
 
+RULES = (
+    re.compile(r"`(?P<name>[\w.]+)` \(\d+\) must equal .*?\((?P<value>\d+)\)"),  # `a` (2) must equal `b` (4)
+    re.compile(r"^(?P<name>\w+) must be (?P<value>\d+), got"),  # hidden_size_per_layer_input must be 0, got 8
+    re.compile(r"`(?P<name>\w+)=(?P<value>\d+)` only"),  # supports `num_experts_per_tok=1` only
+)
+"""A config's own validation naming the value a shrunk size must take (ESMC's heads without
+grouped-query attention, WavTokenizer's codebook as wide as the model, ZAYA's single expert per
+token): the size is set so, as a checkpoint of that shape would have it."""
+
+
+def _repair(kw: dict[str, Any], error: Exception) -> bool:
+    """Set the size ``error`` (a config validation error) names to the value it asks for; False if
+    it names none this module can set."""
+    text = " ".join(str(error).split())
+    for rule in RULES:
+        found = rule.search(text.split("ValueError: ", 1)[-1])
+        if found is None:
+            continue
+        *path, name = found["name"].removeprefix("config.").split(".")
+        target: Any = kw
+        for part in path:
+            target = target.get(part) if isinstance(target, dict) else getattr(target, part, None)
+        value = int(found["value"])
+        if isinstance(target, dict) and target.get(name) != value:
+            target[name] = value
+            return True
+        if target is not None and not isinstance(target, dict) and getattr(target, name, None) != value:
+            setattr(target, name, value)
+            return True
+    return False
+
+
 def shrunk(config: Any, depth: int) -> Any:
-    """``config``'s class built again with every size of ``SIZES`` and ``depth`` layers."""
-    return type(config)(**_overrides(config, depth, _own_depth(config)))
+    """``config``'s class built again with every size of ``SIZES`` and ``depth`` layers (sizes its
+    own validation asks for set as it asks: ``RULES``)."""
+    kw = _overrides(config, depth, _own_depth(config))
+    for _ in range(4):
+        try:
+            return type(config)(**kw)
+        except Exception as e:
+            if not _repair(kw, e):
+                raise
+    return type(config)(**kw)
 
 
 def _kinds(model: Any, config: Any) -> set[str]:
