@@ -102,6 +102,9 @@ def _audio_features(config: Any, g: Any, with_frames: bool = False) -> Iterator[
         mel = per_channel * _int(audio, "input_channels", default=1)
     frames = 2 * _int(audio, "max_source_positions", default=32)
     shapes = [(mel, frames, frames), (frames, mel, frames), (mel, 64, 64), (64, mel, 64)]
+    window = _int(audio, "n_window", default=0)  # Qwen3-ASR reads whole windows of 2 x n_window frames
+    if window:
+        shapes.append((mel, 2 * window, 2 * window))
     projected = _int(audio, "feature_projection_input_dim", default=0)  # stacked frames (w2v-BERT's 2 x 80)
     if projected and projected != mel:
         shapes.append((64, projected, 64))
@@ -247,6 +250,21 @@ def _other_sides(config: Any, params: set[str], main: str, padded: str, g: Any) 
         padding = {n: torch.zeros(B, length, dtype=torch.long) for n in ("past_values_padding",) if n in params}
         if "freq" in params:  # TimesFM's frequency class of each series
             padding["freq"] = torch.zeros(B, 1, dtype=torch.long)
+        if "past_time_features" in params:  # a forecaster (Informer): lagged history, features, the future
+            ahead = _int(config, "prediction_length", default=4)
+            lags = getattr(config, "lags_sequence", None) or [0]
+            length = _int(config, "context_length", default=ahead) + max(lags)
+            features = getattr(config, "num_time_features", 1)
+            yield (
+                "time series",
+                {
+                    main: torch.randn(B, length, generator=g),
+                    "past_time_features": torch.randn(B, length, features, generator=g),
+                    "past_observed_mask": torch.ones(B, length),
+                    "future_values": torch.randn(B, ahead, generator=g),
+                    "future_time_features": torch.randn(B, ahead, features, generator=g),
+                },
+            )
         yield ("time series", {main: torch.randn(B, length, channels, generator=g), **padding})
         yield ("time series", {main: torch.randn(B, length, generator=g), **padding})
         yield ("time series", {main: list(torch.randn(B, length, generator=g))})

@@ -93,6 +93,7 @@ SIZES = {
     # images, clips and spectrograms
     "crop_size": 64, "frames_per_clip": 4,
     # time series, context windows
+    "sliding_window": 4, "prediction_length": 4,
     "context_length": 64, "context_size": 32, "index_kpool": 2, "indexer_budget": 8, "indexer_compress_ratio": 2,
     "num_frames": 4, "max_length": 64, "coordinate_size": 4, "shape_size": 8,
     "image_size": 64, "mm_tokens_per_image": 4, "num_kv_shared_layers": 2,
@@ -118,17 +119,31 @@ HEAD_LISTS = frozenset({"num_heads", "num_attention_heads", "heads", "attention_
 """Per-stage head counts, each the largest power of two up to half its value (at least 1)."""
 
 
-def _list(name: str, value: list[int]) -> list[int] | None:
-    """A per-stage list of sizes shrunk (None: not a size list this table knows)."""
+def _list(name: str, value: list[int], widest: int = 0) -> list[int] | None:
+    """A per-stage list of sizes shrunk (None: not a size list this table knows). Widths are scaled
+    by one factor for the whole config (``widest``: its widest per-stage width), so a stage's output
+    width still equals the next one's input (HGNet-V2's stem and stages); an image's channel count
+    (up to 4) is kept."""
     if name == "image_size":
         return [SIZES["image_size"]] * len(value)
     if name in DEPTH_LISTS:
         return [min(v, 2) for v in value]
     if name in HEAD_LISTS:
         return [max(1, 2 ** max(v // 2, 1).bit_length() // 2) for v in value]
-    if name in WIDTH_LISTS and max(value) > 64:
-        return [max(8, round(v * 64 / max(value) / 8) * 8) for v in value]
+    widest = max(widest, *value)
+    if name in WIDTH_LISTS and widest > 64:
+        return [v if v <= 4 else max(8, round(v * 64 / widest / 8) * 8) for v in value]
     return None
+
+
+def _widest(config: Any, names: set[str]) -> int:
+    """The widest per-stage width of ``config``'s own width lists."""
+    widths = [0]
+    for name in names & WIDTH_LISTS:
+        value = getattr(config, name, None)
+        if isinstance(value, (list, tuple)) and value and all(type(v) is int for v in value):
+            widths.append(max(value))
+    return max(widths)
 
 
 DEPTHS = frozenset(
@@ -157,7 +172,15 @@ def _layer_index(value: Any, depth: int) -> Any:
 
 
 OPTIONAL = frozenset(
-    {"num_experts_per_tok", "head_dim", "vocab_size", "num_key_value_heads", "indexer_budget", "indexer_compress_ratio"}
+    {
+        "num_experts_per_tok",
+        "head_dim",
+        "vocab_size",
+        "num_key_value_heads",
+        "indexer_budget",
+        "indexer_compress_ratio",
+        "prediction_length",
+    }
 )
 """Sizes a default config leaves None that its model still reads as a number (DeepSeek-V2's
 ``topk(k=None)``, Hunyuan's ``head_dim ** -0.5``, ESM's vocabulary, Nemotron's kv heads)."""
@@ -222,6 +245,7 @@ def _overrides(config: Any, depth: int, full_depth: int | None) -> dict[str, Any
     from transformers import PretrainedConfig
 
     names = _fields(type(config))
+    widest = _widest(config, names)
     kw: dict[str, Any] = {}
     for name in names:
         try:
@@ -250,9 +274,9 @@ def _overrides(config: Any, depth: int, full_depth: int | None) -> dict[str, Any
             isinstance(value, (list, tuple))
             and value
             and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
-            and _list(name, value) is not None
+            and _list(name, value, widest) is not None
         ):
-            kw[name] = type(value)(_list(name, list(value)))
+            kw[name] = type(value)(_list(name, list(value), widest))
         elif name == "attention_types" and isinstance(value, list) and value and isinstance(value[0], list):
             kinds = value[0][0]  # GPT-Neo's [[kinds, repeats]]: the kinds repeated to the depth
             kw[name] = [[kinds, max(1, depth // len(kinds))]]

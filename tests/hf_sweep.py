@@ -177,6 +177,7 @@ READERS = {
     "NemotronAsrStreamingEncoder": "masks its convolution's padded rows, reading a boolean mask as one",
     "FastSpeech2ConformerConvolutionModule": "masks its convolution's padded rows, reading a boolean mask as one",
     "T5Gemma2Decoder": "joins its self- and cross-attention masks (merged attention): two boolean masks, one boolean",
+    "LightGlueTransformerLayer": "swaps the image pair's masks for cross-attention (reshape and flip: no arithmetic)",
 }
 """Modules, not attention layers, that read qkv's mask tensor and read it right: each branches on
 ``mask.dtype == torch.bool`` (read in the modeling source). Any other reader is a difference until

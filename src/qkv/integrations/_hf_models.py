@@ -47,7 +47,16 @@ architecture sweep (``tests/hf_sweep.py`` records every read of qkv's mask by a 
 an attention layer) with every layer kind built, and by reading the modeling sources."""
 
 EAGER_ONLY_PROVEN = frozenset(
-    {"bigbird_pegasus", "longt5", "markuplm", "nllb-moe", "speech_to_text", "splinter", "switch_transformers"}
+    {
+        "bigbird_pegasus",
+        "longt5",
+        "markuplm",
+        "nllb-moe",
+        "speech_to_text",
+        "splinter",
+        "switch_transformers",
+        "time_series_transformer",
+    }
 )
 """Model types whose classes transformers marks eager-only (no sdpa, flash or flex attention) and
 which the architecture sweep proves match eager under qkv, with every layer kind built: the only
