@@ -236,7 +236,17 @@ def structured(
         return None
     tail = None if keys == kv_length else keys  # keys from `keys` on: after every query, hidden by causality
     if chunk is not None:  # chunks counted from key 0: the keys must start at position 0, unpadded
-        return Structure(masks.chunked(chunk), None, False, chunk, tail) if lengths is None and kv_offset == 0 else None
+        unpadded = lengths is None and kv_offset == 0
+        return Structure(_unpadded(None, chunk), None, False, chunk, tail) if unpadded else None
     if lengths is not None:
         return Structure(masks.padding(lengths, causal=True, window=window, left=True), window, True, None, tail)
-    return Structure(masks.causal() if window is None else masks.sliding_window(window), window, False, None, tail)
+    return Structure(_unpadded(window, None), window, False, None, tail)
+
+
+@cache
+def _unpadded(window: int | None, chunk: int | None) -> Mask:
+    """``masks.causal()``, ``masks.sliding_window(window)`` or ``masks.chunked(chunk)``: one object
+    per size, so a decode step does not build it again (~20 us) and its tile plans stay cached."""
+    if chunk is not None:
+        return masks.chunked(chunk)
+    return masks.causal() if window is None else masks.sliding_window(window)

@@ -220,7 +220,7 @@ def forward(
         and (attention_mask is None or (structure is not None and not structure.padded and structure.chunk is None))
     ):  # a decode step against the cache: the lean path, as little Python as possible
         window = None if structure is None else structure.window
-        if window is not None:  # one query, the last of the keys: its window is the last `window` keys
+        if window is not None and window < key.shape[-2]:  # one query, the last key's: the last `window` keys
             key, value = key[..., -window:, :], value[..., -window:, :]
         res = lean_attention(query, key, value, False, scaling)  # one query: causal hides nothing
         if res is not None:  # (B, H, 1, Dv) seen as (B, 1, H, Dv) is already contiguous: no copy
@@ -260,18 +260,26 @@ def _weights_requested(module: Any, kwargs: dict[str, Any]) -> bool:
     active collector is the reliable signal. The weights are only built when asked for: the
     reference impl materialises them, the flash kernel rebuilds them in a second pass.
     """
-    if kwargs.get("output_attentions") or getattr(getattr(module, "config", None), "output_attentions", False):
+    if kwargs.get("output_attentions"):
         return True
     from .. import masks
 
-    if masks.compiling():  # the collector is a ContextVar, which torch's tracer cannot read
-        return False
+    collector = None if masks.compiling() else _collector()  # torch's tracer cannot read a ContextVar
+    collected = None if collector is None else collector.get()
+    if isinstance(collected, dict):  # the model's capture decided from its flag and config: what it records
+        return any(key.endswith("attentions") for key in collected)
+    # no capture running (or not readable): the config's flag (its read costs ~9 us, so only here)
+    return bool(getattr(getattr(module, "config", None), "output_attentions", False))
+
+
+@cache
+def _collector() -> Any:
+    """transformers' active output collector (a ``ContextVar``), None in a version without one."""
     try:
         from transformers.utils.output_capturing import _active_collector
-    except ImportError:  # another transformers version: only the explicit flag above
-        return False
-    collected = _active_collector.get()
-    return isinstance(collected, dict) and any(key.endswith("attentions") for key in collected)
+    except ImportError:
+        return None
+    return _active_collector
 
 
 def layer_mask(attention_mask: Any, nk: int, is_causal: bool | None = None) -> tuple[Any, bool]:
