@@ -27,6 +27,7 @@ from ._impls import (
 )
 from ._quant import Quantized
 from ._softmax import empty_result, with_sinks
+from ._torch import autocast
 from ._typing import Array, Result
 from .errors import ArgumentError, ShapeError
 from .scores import ScoreMod
@@ -197,6 +198,13 @@ def attention(
     >>> out = attention(q, k, v, causal=True)
     >>> out, lse = attention(q, k, v, mask=masks.sliding_window(128), return_lse=True)
     """
+    if is_torch(q):
+        q, k, v, autocast_off = autocast(q, k, v)
+        if autocast_off is not None:  # under torch.autocast: computed in its dtype, as SDPA is
+            with autocast_off:
+                kw = dict(mask=mask, causal=causal, scale=scale, score_mod=score_mod, dropout=dropout, rng=rng)
+                kw.update(impl=impl, return_weights=return_weights, return_lse=return_lse, bias=bias, sinks=sinks)
+                return attention(q, k, v, **kw)
     if is_torch(q) and masks.compiling():  # torch.compile / torch.export: one operator node
         kw = dict(mask=mask, causal=causal, scale=scale, score_mod=score_mod, dropout=dropout, rng=rng, bias=bias)
         res = compiled_attention(q, k, v, want_weights=return_weights, sinks=sinks, **kw)

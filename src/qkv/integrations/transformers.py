@@ -27,6 +27,7 @@ from typing import Any
 
 from .._checks import check_impl
 from .._impls import lean_attention
+from .._torch import autocast
 from ..errors import ArgumentError, MaskError
 from ._hf_masks import lazy, offset_of, plain, structure_of, structured
 from ._hf_models import GUARDED, QKV_NAMES, eager_reader, install_guard, refuse_config
@@ -200,6 +201,7 @@ def forward(
             f"{type(module).__name__}; use attn_implementation='eager' for this model"
         )
     want_weights = _weights_requested(module, kwargs)
+    query, key, value, _ = autocast(query, key, value)  # as SDPA: RoPE's float32 q, k beside a bfloat16 v
     structure = structure_of(attention_mask)
     nk = key.shape[-2]
     if structure is not None and structure.keys is not None and structure.keys < nk:
