@@ -397,6 +397,24 @@ def test_training_streams_events_and_ends(client):
     assert events(client, "alice")[-1]["type"] == "done"  # a finished run replays
 
 
+def test_a_bfloat16_run_trains_in_bfloat16(client, monkeypatch):
+    """``dtype="bfloat16"`` reaches ``qkv.train.train``: the run's attention computes in bfloat16."""
+    from qkv.nn import attention as nn_attention
+
+    real, dtypes = nn_attention.attention, set()
+
+    def spy(q, k, v, **kw):
+        dtypes.add(q.dtype)
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(nn_attention, "attention", spy)
+    r = client.post("/api/train/start?client=dora", json={**TINY, "dtype": "bfloat16"})
+    assert r.status_code == 200, r.text
+    seen = events(client, "dora")
+    assert seen[-1]["type"] == "done" and all(math.isfinite(e["loss"]) for e in seen if e["type"] == "step")
+    assert {str(d) for d in dtypes} == {"torch.bfloat16"}
+
+
 def test_second_start_is_409_and_stop_ends_the_run(client):
     r = client.post("/api/train/start?client=bob", json={**TINY, "steps": ENDLESS})  # only the stop ends it
     assert r.status_code == 200, r.text
@@ -418,6 +436,7 @@ def test_second_start_is_409_and_stop_ends_the_run(client):
         ({"steps": ENDLESS + 1}, ["steps", f"limit of {ENDLESS}"]),
         ({"d_model": 30, "n_heads": 4}, ["d_model=30", "n_heads=4"]),
         ({"pos": "xpos"}, ["pos", "'rope'", "'learned'"]),
+        ({"dtype": "float16"}, ["dtype", "'float32'", "'bfloat16'"]),
     ],
 )
 def test_training_refuses_bad_input(client, body, words):

@@ -23,9 +23,10 @@ def two_threads():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("task", list(TASKS))
-def test_each_task_reaches_its_threshold_within_its_budget(task):
-    history = train(task, seed=0)
+def test_each_task_reaches_its_threshold_within_its_budget(task, dtype):
+    history = train(task, seed=0, dtype=dtype)
     assert len(history.loss) == TASKS[task].default_steps
     assert history.eval_accuracy >= 0.99, f"{task}: held-out answer-token accuracy {history.eval_accuracy:.4f}"
     assert history.eval_exact >= 0.95, f"{task}: whole answers right {history.eval_exact:.4f}"
@@ -96,6 +97,26 @@ def test_training_is_seeded_and_leaves_the_global_rng_alone():
     assert a.loss == b.loss and a.loss != c.loss
 
 
+def test_bfloat16_training_runs_attention_and_its_backward_in_bfloat16(monkeypatch):
+    """``dtype="bfloat16"``: every attention call of the training steps gets bfloat16 q, k, v that
+    need gradients (qkv's bfloat16 forward and backward), the weights stay float32 and learn."""
+    from qkv.nn import attention as nn_attention
+
+    real, seen = nn_attention.attention, []
+
+    def spy(q, k, v, **kw):
+        seen.append((q.dtype, k.dtype, v.dtype, torch.is_grad_enabled() and q.requires_grad))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(nn_attention, "attention", spy)
+    history = train("copy", 24, length=4, seed=0, dtype="bfloat16")
+    training = [s for s in seen if s[3]]
+    assert len(training) == 24 * 2  # every step, both layers
+    assert all(s[:3] == (torch.bfloat16,) * 3 for s in seen)  # evaluation too
+    assert all(p.dtype == torch.float32 for p in history.model.parameters())
+    assert all(np.isfinite(history.loss)) and history.loss[-1] < 0.8 * history.loss[0]
+
+
 def test_bad_arguments_raise():
     with pytest.raises(ArgumentError, match="task must be one of"):
         train("translate", 5)
@@ -105,6 +126,8 @@ def test_bad_arguments_raise():
         train("copy", 5, record_every=0)
     with pytest.raises(ArgumentError, match=r"length \(the number of pairs\) must be <= 16"):
         train("recall", 5, length=17)
+    with pytest.raises(ArgumentError, match=r"dtype must be one of \['float32', 'bfloat16'\], got 'float16'"):
+        train("copy", 5, dtype="float16")
 
 
 def _app():
@@ -142,3 +165,7 @@ def test_cli_json_save_and_errors(tmp_path):
     assert res.exit_code == 0 and "held-out accuracy" in res.stdout
     res = runner.invoke(_app(), ["train", "--task", "nope"])
     assert res.exit_code == 1 and "error: ArgumentError: task must be one of" in res.output
+    res = runner.invoke(_app(), ["train", "--task", "copy", "--steps", "3", "--length", "3", "--dtype", "bfloat16"])
+    assert res.exit_code == 0 and "held-out accuracy" in res.stdout
+    res = runner.invoke(_app(), ["train", "--task", "copy", "--steps", "3", "--dtype", "float16"])
+    assert res.exit_code == 1 and "dtype must be one of ['float32', 'bfloat16']" in res.output

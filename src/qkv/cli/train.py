@@ -54,6 +54,12 @@ def train_command(
     ] = None,
     pos: Annotated[str, typer.Option("--pos", help="positions: learned, sinusoidal, rope, alibi")] = "learned",
     seed: Annotated[int, typer.Option("--seed", min=0, help="seed for the data and the initialisation")] = 0,
+    dtype: Annotated[
+        str,
+        typer.Option(
+            "--dtype", help="float32, or bfloat16: forward and backward in bfloat16 (autocast), weights in float32"
+        ),
+    ] = "float32",
     record_every: Annotated[
         int | None,
         typer.Option("--record-every", min=1, metavar="K", help="record the probe's attention maps every K steps"),
@@ -82,7 +88,9 @@ def train_command(
         raise ArgumentError(f"--save writes a .npz file, got {str(save)!r}")
     if record is not None and record_every is None:
         record_every = max(1, _budget(task, steps) // 20)
-    history = train(task, steps, length=length, pos=pos, seed=seed, record_every=record_every, progress=not json_out)
+    history = train(
+        task, steps, length=length, pos=pos, seed=seed, record_every=record_every, progress=not json_out, dtype=dtype
+    )
     if record is not None:
         record.mkdir(parents=True, exist_ok=True)
     outputs = ([save] if save is not None else []) + (_record_paths(record) if record is not None else [])

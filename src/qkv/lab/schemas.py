@@ -231,7 +231,7 @@ class ComplexityRequest(MaskSpec):
 
 
 class TrainRequest(_Body):
-    """A ``qkv.train.train`` run: task, steps, model size, positional encoding, seed."""
+    """A ``qkv.train.train`` run: task, steps, model size, positional encoding, seed, compute dtype."""
 
     task: Literal["copy", "reverse", "sort", "recall"] = "reverse"
     steps: int = Field(300, ge=1)
@@ -244,3 +244,4 @@ class TrainRequest(_Body):
     lr: float = Field(3e-3, gt=0, le=1.0, allow_inf_nan=False)
     record_every: int | None = Field(None, ge=1)
     seed: int = Field(0, ge=0, le=2**32 - 1)
+    dtype: Literal["float32", "bfloat16"] = "float32"

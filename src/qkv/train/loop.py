@@ -4,9 +4,13 @@ Next-token cross-entropy on the answer tokens only; AdamW with a linear warm-up 
 decay (Loshchilov & Hutter, arXiv:1711.05101, arXiv:1608.03983); gradient clipping at 1. Every
 random draw comes from ``seed`` (the model's initialisation in a forked RNG, so the caller's
 global torch RNG is untouched). Every ``record_every`` steps the attention maps of a fixed probe
-sequence are recorded, for plots and animations.
+sequence are recorded, for plots and animations. ``dtype="bfloat16"`` trains in mixed precision
+(Micikevicius et al., arXiv:1710.03740): the forward, the loss and so the backward's matrix
+products and attention in bfloat16 under ``torch.autocast``, the weights and AdamW's state in
+float32.
 """
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +24,9 @@ from torch import Tensor
 from ..errors import ArgumentError
 from ..nn import TinyGPT
 from .tasks import get_task, make_batch
+
+DTYPES = ("float32", "bfloat16")
+"""What ``train(dtype=...)`` accepts: the dtype the forward and backward compute in."""
 
 
 @dataclass
@@ -92,6 +99,14 @@ def _snapshot(model: TinyGPT, probe: Tensor, step: int) -> Snapshot:
     return Snapshot(step, [w[0].float().cpu().numpy() for w in weights])
 
 
+def compute(dtype: str) -> Any:
+    """The context a forward runs in for ``dtype``: ``torch.autocast`` to bfloat16 (qkv's attention
+    and the linear layers then run in bfloat16; their backward too), or nothing for float32."""
+    if dtype not in DTYPES:
+        raise ArgumentError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    return torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bfloat16" else contextlib.nullcontext()
+
+
 def _positive(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ArgumentError(f"{name} must be a positive integer, got {value!r}")
@@ -116,6 +131,7 @@ def train(
     progress: bool = False,
     callback: Callable[[dict[str, Any]], bool | None] | None = None,
     seed: int = 0,
+    dtype: str = "float32",
 ) -> History:
     """Train a fresh ``TinyGPT`` on ``task`` (``"copy"``, ``"reverse"``, ``"sort"``, ``"recall"``).
 
@@ -125,8 +141,10 @@ def train(
     without keeping them in ``history.attention`` (a long run's memory stays flat).
     ``progress=True`` shows a rich progress bar; ``callback`` receives ``{"step", "loss",
     "accuracy"}`` after each step (plus ``"attention"`` when recorded); if it returns ``False``,
-    training stops after that step and the partial history is evaluated and returned. Returns a
-    ``History``; ``history.model`` is the trained model (in eval mode).
+    training stops after that step and the partial history is evaluated and returned.
+    ``dtype="bfloat16"`` computes the forward and backward in bfloat16 (``torch.autocast``; the
+    weights and the optimiser's state stay float32), evaluation and recorded maps too. Returns a
+    ``History``; ``history.model`` is the trained model (in eval mode, float32 weights).
 
     >>> h = train("reverse", seed=0)
     >>> h.eval_accuracy > 0.99
@@ -139,6 +157,7 @@ def train(
     record = None if record_every is None else _positive(record_every, "record_every")
     if not (isinstance(lr, (int, float)) and 0 < lr < math.inf):
         raise ArgumentError(f"lr must be a positive finite number, got {lr!r}")
+    precision = compute(dtype)
     data = torch.Generator().manual_seed(seed)
     tokens, answer = make_batch(task, 1, n, data)
     with torch.random.fork_rng(devices=[]):
@@ -154,14 +173,16 @@ def train(
     )
     model.train()
     if record is not None and keep_attention:
-        history.attention.append(_snapshot(model, tokens[0], 0))
+        with precision:
+            history.attention.append(_snapshot(model, tokens[0], 0))
     bar = _progress(progress, task, steps)
     try:
         for step in range(1, steps + 1):
             batch, _ = make_batch(task, batch_size, n, data)
-            loss, acc = _scores(model, batch, answer)
+            with precision:
+                loss, acc = _scores(model, batch, answer)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # outside autocast, as PyTorch's recipe says: each op's backward in its forward's dtype
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
@@ -169,7 +190,8 @@ def train(
             history.accuracy.append(float(acc.detach()))
             info: dict[str, Any] = {"step": step, "loss": history.loss[-1], "accuracy": history.accuracy[-1]}
             if record is not None and (step % record == 0 or step == steps):
-                snapshot = _snapshot(model, tokens[0], step)
+                with precision:
+                    snapshot = _snapshot(model, tokens[0], step)
                 if keep_attention:
                     history.attention.append(snapshot)
                 info["attention"] = snapshot.weights
@@ -181,7 +203,8 @@ def train(
         bar.close()
     model.eval()
     held_out, _ = make_batch(task, eval_size, n, data)
-    history.eval_accuracy, history.eval_exact = evaluate(model, held_out, answer)
+    with precision:
+        history.eval_accuracy, history.eval_exact = evaluate(model, held_out, answer)
     return history
 
 

@@ -112,7 +112,7 @@
 
   startButton.addEventListener("click", async () => {
     const body = {};
-    for (const name of ["task", "steps", "pos", "length", "n_heads", "n_layers", "seed"]) {
+    for (const name of ["task", "steps", "pos", "length", "n_heads", "n_layers", "seed", "dtype"]) {
       const v = Lab.value(controls, name);
       if (v !== null && v !== "") body[name] = v;
     }

@@ -171,6 +171,7 @@ def train_run(run: Run, target: Callable[..., Any] | None, keep_table: Callable[
             eval_size=128,
             callback=callback,
             seed=req.seed,
+            dtype=req.dtype,
         )
         model = history.model
         if req.pos == "learned" and model is not None:
