@@ -11,17 +11,37 @@ qkv against sdpa, a training step at 2048 (Llama-style), a sliding-window prefil
 ``free`` attention (zeros at O(N * D) cost): sdpa's time over free's is the most any attention
 kernel can gain end to end there, printed beside qkv's gain.
 
+``--paths`` runs issue 31's "never slower than sdpa inside a model" and nothing else: Llama- and
+Mistral-shaped models with head_dim 128 (d=1024, 8/2 heads, ``--layers`` 2, Mistral's window
+4096), qkv against sdpa and free attention, at each ``--lengths`` N and ``--dtypes``: ``prefill``
+(the forward of N tokens, ``use_cache=False``), ``prefill+1`` (generate one token after N with a
+static cache: the prefill writes into a cache longer than the prompt), ``dynamic`` and
+``static`` (one decode step after N tokens, the model's forward of one token against a dynamic or
+a static cache; the caches grow by one token a round, alike for every backend), ``generate``
+(16 greedy tokens after N, static cache) and ``train`` (one training step at N: forward, loss,
+backward). ``--kinds`` picks among them.
+
+``--dtype`` (``--dtypes`` for ``--paths``): ``float32``; ``bfloat16`` (the model's weights in
+bfloat16, as ``from_config(..., dtype=torch.bfloat16)``; a training step's backward then runs in
+bfloat16 too); ``autocast`` (float32 weights, the forward under ``torch.autocast("cpu",
+torch.bfloat16)``, the backward outside it: PyTorch's mixed-precision recipe).
+
 Backends run in interleaved rounds (A B C D, A B C D, ...) so drift and contention hit each
 alike; the report gives each backend's median and spread (min-max over rounds) and the ratio of
-medians to qkv. ``flex_attention`` runs through ``torch.compile`` (transformers' own flex path);
-its first call (the compile) is reported separately and excluded. Peak extra memory of one
+medians to qkv. ``--clock cpu`` times by the process's CPU time instead of the wall clock (with
+``--threads 1`` on a shared machine: the time other processes take from this one is not counted).
+``flex_attention`` runs through ``torch.compile`` (transformers' own flex path); its first call
+(the compile) is reported separately and excluded. Peak extra memory of one
 prefill is measured in a fresh subprocess per backend (``qkv.bench._memory.peak_of``).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/transformers_backend.py --rounds 5
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/transformers_backend.py --targets --threads 2 --rounds 7
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/transformers_backend.py --targets --dtype bfloat16 --threads 2
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/transformers_backend.py --paths --threads 2 --rounds 7
 """
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -32,26 +52,34 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-BACKENDS = ("qkv", "sdpa", "flex_attention", "eager")  # and "free": attention at zero cost (--targets)
+BACKENDS = ("qkv", "sdpa", "flex_attention", "eager")  # and "free": attention at zero cost (--targets, --paths)
 MODELS = ("mistral", "llama")
+DTYPES = ("float32", "bfloat16", "autocast")
+KINDS = ("prefill", "prefill+1", "dynamic", "static", "generate", "train")
+CLOCK = {"now": time.perf_counter}  # --clock cpu: time.process_time
 
 
-def config(name: str, layers: int = 2):
+def config(name: str, layers: int = 2, head_dim: int = 64):
+    """Mistral-style (sliding window) or Llama-style, GQA 8 query heads over 2 kv heads.
+
+    ``head_dim`` 64: d=512, window 256 (the default runs, ``--targets``); 128: d=1024, window 4096
+    (``--paths``: the shape of Llama and Mistral's attention)."""
     from transformers import LlamaConfig, MistralConfig
 
     common = dict(
         vocab_size=1000,
-        hidden_size=512,
-        intermediate_size=1024,
+        hidden_size=8 * head_dim,
+        intermediate_size=16 * head_dim,
         num_hidden_layers=layers,
         num_attention_heads=8,
         num_key_value_heads=2,
-        max_position_embeddings=16384,
+        max_position_embeddings=32768,
         bos_token_id=0,
         eos_token_id=1,
         pad_token_id=0,
     )
-    return MistralConfig(**common, sliding_window=256) if name == "mistral" else LlamaConfig(**common)
+    window = 256 if head_dim == 64 else 4096
+    return MistralConfig(**common, sliding_window=window) if name == "mistral" else LlamaConfig(**common)
 
 
 def free_attention(module, query, key, value, attention_mask, **kwargs):
@@ -65,7 +93,8 @@ def free_attention(module, query, key, value, attention_mask, **kwargs):
     return (query * 0 + zero).transpose(1, 2).contiguous(), None
 
 
-def build(name: str, attn: str, layers: int = 2):
+def build(name: str, attn: str, layers: int = 2, dtype: str = "float32", head_dim: int = 64):
+    """The model, its weights in bfloat16 for ``dtype="bfloat16"`` (float32 otherwise)."""
     import torch
     from transformers import AttentionInterface, AutoModelForCausalLM
 
@@ -74,49 +103,117 @@ def build(name: str, attn: str, layers: int = 2):
     qt.register()
     AttentionInterface.register("free", free_attention)
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(copy.deepcopy(config(name, layers)), attn_implementation=attn).eval()
+    weights = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    cfg = copy.deepcopy(config(name, layers, head_dim))
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, dtype=weights).eval()
 
 
-def prefill(model, n: int):
+def compute(dtype: str):
+    """The context a forward runs in: ``torch.autocast`` to bfloat16 for ``dtype="autocast"``."""
     import torch
 
-    ids = torch.randint(2, 1000, (1, n), generator=torch.Generator().manual_seed(0))
+    return torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "autocast" else contextlib.nullcontext()
+
+
+def tokens(n: int):
+    import torch
+
+    return torch.randint(2, 1000, (1, n), generator=torch.Generator().manual_seed(0))
+
+
+def timed(work):
+    """``work`` as a callable returning the seconds it took (``CLOCK``)."""
 
     def run():
-        with torch.no_grad():
-            return [model(ids, use_cache=False).logits]
+        t0 = CLOCK["now"]()
+        work()
+        return CLOCK["now"]() - t0
 
     return run
 
 
-def train_step(model, n: int):
-    """One training step's forward and backward (the LM loss on random tokens; no optimizer)."""
+def prefill(model, n: int, dtype: str = "float32"):
+    """The forward of ``n`` tokens without a cache."""
     import torch
 
-    ids = torch.randint(2, 1000, (1, n), generator=torch.Generator().manual_seed(0))
+    ids = tokens(n)
+
+    def run():
+        with torch.no_grad(), compute(dtype):
+            return model(ids, use_cache=False).logits
+
+    return timed(run)
+
+
+def train_step(model, n: int, dtype: str = "float32"):
+    """One training step's forward and backward (the LM loss on random tokens; no optimizer). With
+    ``autocast`` the forward and the loss run under autocast, the backward outside it."""
+    ids = tokens(n)
 
     def run():
         model.train()
         model.zero_grad(set_to_none=True)
-        model(ids, labels=ids, use_cache=False).loss.backward()
+        with compute(dtype):
+            loss = model(ids, labels=ids, use_cache=False).loss
+        loss.backward()
         model.eval()
 
-    return run
+    return timed(run)
 
 
-def decode(model, prompt: int, tokens: int):
-    """Seconds per decode step: generate ``tokens`` minus generate 1 (the prefill), over ``tokens - 1``."""
+def _generate(model, ids, k: int, dtype: str, **kw):
     import torch
 
-    ids = torch.randint(2, 1000, (1, prompt), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), compute(dtype):
+        model.generate(ids, max_new_tokens=k, min_new_tokens=k, do_sample=False, pad_token_id=0, **kw)
+
+
+def decode(model, prompt: int, tokens_: int, dtype: str = "float32"):
+    """Seconds per decode step: generate ``tokens_`` minus generate 1 (the prefill), over ``tokens_ - 1``."""
+    ids = tokens(prompt)
 
     def gen(k):
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            model.generate(ids, max_new_tokens=k, min_new_tokens=k, do_sample=False, pad_token_id=0)
-        return time.perf_counter() - t0
+        t0 = CLOCK["now"]()
+        _generate(model, ids, k, dtype)
+        return CLOCK["now"]() - t0
 
-    return lambda: (gen(tokens) - gen(1)) / (tokens - 1)
+    return lambda: (gen(tokens_) - gen(1)) / (tokens_ - 1)
+
+
+def generate_static(model, n: int, k: int, dtype: str = "float32"):
+    """``generate`` of ``k`` greedy tokens after ``n`` with a static cache (``k=1``: prefill+1)."""
+    ids = tokens(n)
+    return timed(lambda: _generate(model, ids, k, dtype, cache_implementation="static"))
+
+
+def _cache_kw(model) -> str:
+    """The forward's cache argument: ``cache`` from transformers 5.24 (``past_key_values`` before)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def step(model, n: int, cache: str, steps: int, dtype: str = "float32"):
+    """One decode step after ``n`` tokens: the model's forward of one token against a ``dynamic``
+    or ``static`` cache (room for ``steps`` more), filled by a prefill here, outside the timing.
+    Each call appends one token, so the cache grows alike for every backend of a round."""
+    import torch
+    from transformers import DynamicCache, StaticCache
+
+    ids = tokens(n)
+    kv = (
+        StaticCache(config=model.config, max_cache_len=n + steps)
+        if cache == "static"
+        else DynamicCache(config=model.config)
+    )
+    with torch.no_grad(), compute(dtype):
+        nxt = [model(ids, use_cache=True, **{_cache_kw(model): kv}).logits[:, -1:].argmax(-1)]
+
+    def run():
+        with torch.no_grad(), compute(dtype):
+            nxt[0] = model(nxt[0], use_cache=True, **{_cache_kw(model): kv}).logits[:, -1:].argmax(-1)
+
+    return timed(run)
 
 
 def _memory_child(spec: str) -> None:
@@ -128,7 +225,13 @@ def _memory_child(spec: str) -> None:
     torch.set_num_threads(1)
     model = build(s["model"], s["attn"], s["layers"])
     prefill(model, 256)()  # warm up: libraries, thread pools, compile
-    print(json.dumps(peak_of(prefill(model, s["n"]))))
+    ids = tokens(s["n"])
+
+    def run():
+        with torch.no_grad():
+            return [model(ids, use_cache=False).logits]
+
+    print(json.dumps(peak_of(run)))
 
 
 def memory(model: str, attn: str, n: int, layers: int) -> float:
@@ -139,6 +242,66 @@ def memory(model: str, attn: str, n: int, layers: int) -> float:
     )
     r = json.loads(res.stdout.strip().splitlines()[-1])
     return (r["peak"] - r["baseline"]) / 2**20
+
+
+def measure(label: str, runs: dict, rounds: int) -> dict:
+    """Interleaved rounds of ``runs`` (backend -> callable returning seconds); prints each backend's
+    median and spread, and beside sdpa's gain the free bound when both ran. Returns the times."""
+    times = {attn: [] for attn in runs}
+    for _ in range(rounds):
+        for attn, f in runs.items():
+            times[attn].append(f())
+    base = statistics.median(times["qkv"]) if "qkv" in times else None
+    for attn, ts in times.items():
+        med = statistics.median(ts)
+        ratio = f"{med / base:.2f}x qkv's time" if base else ""
+        print(f"{label} {attn}: median {med * 1e3:.2f} ms (min {min(ts) * 1e3:.2f}, max {max(ts) * 1e3:.2f}) {ratio}")
+    if "free" in times and "sdpa" in times:
+        bound = statistics.median(times["sdpa"]) / statistics.median(times["free"])
+        gain = statistics.median(times["sdpa"]) / base if base else float("nan")
+        print(f"{label}: qkv gains {gain:.2f}x over sdpa; free attention would gain {bound:.2f}x", flush=True)
+    return times
+
+
+def warmed(label: str, makers: dict) -> dict:
+    """Each backend's callable after one warm-up call (flex_attention compiles there); a backend
+    whose warm-up fails is reported and left out."""
+    runs = {}
+    for attn, make in makers.items():
+        t0 = time.perf_counter()
+        try:
+            f = make()
+            f()
+        except Exception as e:  # e.g. inductor failing to compile flex decoding on this CPU
+            print(f"{label} {attn}: failed ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+            continue
+        runs[attn] = f
+        if attn == "flex_attention":
+            print(f"{label}: flex_attention warm-up {time.perf_counter() - t0:.1f} s")
+    return runs
+
+
+def paths(a) -> None:
+    """Issue 31's paths: every kind at every length and dtype, Llama and Mistral, head_dim 128."""
+    budget = 2 * (a.rounds + 2) + 8  # decode steps each cache may take
+    for name in a.models:
+        for dtype in a.dtypes:
+            models = {attn: build(name, attn, a.layers, dtype, head_dim=128) for attn in a.backends}
+            for n in a.lengths:
+                for kind in a.kinds:
+                    label = f"{name} {dtype} {kind} {n}"
+
+                    def maker(m, kind=kind, n=n, dtype=dtype):
+                        if kind == "prefill":
+                            return lambda: prefill(m, n, dtype)
+                        if kind == "train":
+                            return lambda: train_step(m, n, dtype)
+                        if kind in ("dynamic", "static"):
+                            return lambda: step(m, n, kind, budget, dtype)
+                        return lambda: generate_static(m, n, 1 if kind == "prefill+1" else 16, dtype)
+
+                    runs = warmed(label, {attn: maker(m) for attn, m in models.items()})
+                    measure(label, runs, a.rounds)
 
 
 def main() -> None:
@@ -153,7 +316,13 @@ def main() -> None:
     p.add_argument("--train", nargs="*", type=int, default=[], help="training-step lengths (forward + backward)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (qkv follows it)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="weights / compute dtype (see above)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     p.add_argument("--targets", action="store_true", help="only issue 22's end-to-end targets (see above)")
+    p.add_argument("--paths", action="store_true", help="only issue 31's paths (see above)")
+    p.add_argument("--lengths", nargs="+", type=int, default=[1024, 4096, 16384], help="--paths: N")
+    p.add_argument("--dtypes", nargs="+", choices=DTYPES, default=["float32", "bfloat16"], help="--paths")
+    p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="--paths")
     p.add_argument("--memory", action="store_true", help="also measure peak memory of one prefill")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -166,7 +335,14 @@ def main() -> None:
 
     torch.set_num_threads(a.threads)
     print(f"# {fresh_line()}", flush=True)  # qkv.info()'s line: CPU, ISA path, engines, threads, versions
-    print(f"# torch {torch.__version__}, threads {torch.get_num_threads()}, loadavg {open('/proc/loadavg').read()}")
+    CLOCK["now"] = time.process_time if a.clock == "cpu" else time.perf_counter
+    print(f"# torch {torch.__version__}, threads {torch.get_num_threads()}, clock {a.clock}, dtype {a.dtype}")
+    print(f"# loadavg before {open('/proc/loadavg').read().strip()}")
+    if a.paths:
+        a.backends = ["qkv", "sdpa", "free"] if a.backends == list(BACKENDS) else a.backends
+        paths(a)
+        print(f"# loadavg after {open('/proc/loadavg').read().strip()}")
+        return
     if a.targets:
         a.layers, a.backends, a.rounds = 4, ["qkv", "sdpa", "free"], max(a.rounds, 5)
         plan = {"llama": ([], [2048], True), "mistral": ([4096], [], False)}
@@ -174,7 +350,7 @@ def main() -> None:
     else:
         plan = {name: (a.prefill, a.train, True) for name in a.models}
     for name, (prefills, trains, with_decode) in plan.items():
-        models = {attn: build(name, attn, a.layers) for attn in a.backends}
+        models = {attn: build(name, attn, a.layers, a.dtype) for attn in a.backends}
         if "flex_attention" in models:
             t0 = time.perf_counter()
             prefill(models["flex_attention"], 512)()
@@ -182,46 +358,20 @@ def main() -> None:
         work = [(f"prefill {n}", n, prefill) for n in prefills] + [(f"train {n}", n, train_step) for n in trains]
         work += [("decode", None, None)] if with_decode else []
         for label, n, make in work:
-            runs = {}
+            makers = {}
             for attn, m in models.items():
                 if n is not None and attn == "eager" and n > a.eager_max:
                     continue
-                f = make(m, n) if make is not None else decode(m, a.decode_prompt, a.decode_tokens)
-                t0 = time.perf_counter()
-                try:
-                    f()  # warm-up (and flex's recompile for this shape)
-                except Exception as e:  # e.g. inductor failing to compile flex decoding on this CPU
-                    print(f"{name} {label} {attn}: failed ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
-                    continue
-                runs[attn] = f
-                if attn == "flex_attention":
-                    print(f"{name} {label}: flex_attention warm-up {time.perf_counter() - t0:.1f} s")
-            times = {attn: [] for attn in runs}
-            for _ in range(a.rounds):
-                for attn, f in runs.items():
-                    if n is None:
-                        times[attn].append(f())
-                    else:
-                        t0 = time.perf_counter()
-                        f()
-                        times[attn].append(time.perf_counter() - t0)
-            base = statistics.median(times["qkv"]) if "qkv" in times else None
-            for attn, ts in times.items():
-                med = statistics.median(ts)
-                unit = "ms/token" if n is None else "s"
-                scale = 1e3 if n is None else 1.0
-                ratio = f"{med / base:.2f}x qkv's time" if base else ""
-                line = f"{name} {label} {attn}: median {med * scale:.3f} {unit} "
-                line += f"(min {min(ts) * scale:.3f}, max {max(ts) * scale:.3f}) {ratio}"
-                print(line, flush=True)
-            if "free" in times and "sdpa" in times:
-                bound = statistics.median(times["sdpa"]) / statistics.median(times["free"])
-                gain = statistics.median(times["sdpa"]) / base if base else float("nan")
-                print(f"{name} {label}: qkv gains {gain:.2f}x over sdpa; free attention would gain {bound:.2f}x")
+                if make is None:
+                    makers[attn] = lambda m=m: decode(m, a.decode_prompt, a.decode_tokens, a.dtype)
+                else:
+                    makers[attn] = lambda m=m, make=make, n=n: make(m, n, a.dtype)
+            label = f"{name} {label}" + ("" if n is not None else " (per token)")
+            measure(label, warmed(label, makers), a.rounds)
             if a.memory and make is prefill:
-                for attn in runs:
-                    print(f"{name} {label} {attn}: peak extra {memory(name, attn, n, a.layers):.0f} MiB", flush=True)
-    print(f"# loadavg after {open('/proc/loadavg').read()}")
+                for attn in makers:
+                    print(f"{label} {attn}: peak extra {memory(name, attn, n, a.layers):.0f} MiB", flush=True)
+    print(f"# loadavg after {open('/proc/loadavg').read().strip()}")
 
 
 if __name__ == "__main__":
