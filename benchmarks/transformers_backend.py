@@ -309,10 +309,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--models", nargs="+", default=list(MODELS))
     p.add_argument("--backends", nargs="+", default=list(BACKENDS))
-    p.add_argument("--prefill", nargs="+", type=int, default=[4096, 8192])
+    p.add_argument("--prefill", nargs="*", type=int, default=[4096, 8192])
     p.add_argument("--eager-max", type=int, default=4096, help="skip eager above this length (N x N scores)")
     p.add_argument("--decode-prompt", type=int, default=2048)
-    p.add_argument("--decode-tokens", type=int, default=32)
+    p.add_argument("--decode-tokens", type=int, default=32, help="0: no decode rows")
     p.add_argument("--train", nargs="*", type=int, default=[], help="training-step lengths (forward + backward)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (qkv follows it)")
@@ -348,7 +348,7 @@ def main() -> None:
         plan = {"llama": ([], [2048], True), "mistral": ([4096], [], False)}
         a.decode_prompt, a.decode_tokens = 1024, 32
     else:
-        plan = {name: (a.prefill, a.train, True) for name in a.models}
+        plan = {name: (a.prefill, a.train, a.decode_tokens > 1) for name in a.models}
     for name, (prefills, trains, with_decode) in plan.items():
         models = {attn: build(name, attn, a.layers, a.dtype) for attn in a.backends}
         if "flex_attention" in models:
