@@ -3,6 +3,7 @@ of the same K+V bytes and torch's SDPA, interleaved round-robin in one process (
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/decode_floor.py            # Nk=32768, f32 + bf16
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/decode_floor.py --nk 8192 --rounds 15
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/decode_floor.py --only quant --nk 8192,32768,131072
 
 For each case (MHA 8/8 heads D=64 and GQA 32/8 heads D=128, B=1, Nq=1; float32 and bfloat16
 caches) it times, in turn: the kernel call (qkv._native.forward), the default public call
@@ -11,6 +12,10 @@ floor: the best of two plain reads of the K+V bytes (torch sums over the bytes v
 on the same threads; a kernel whose read is as fast as that is at the floor). Reports GB/s (K+V
 bytes / median time) and the fraction of the floor (floor time / kernel time; target >= 0.85).
 Then the fixed cost: the kernel call and the qkv.attention call at Nk=16, where the read is free.
+`--only quant`: a quantized cache (int8, float8 E4M3 / E5M2 codes with a float32 scale per token
+and kv head) against the bfloat16 cache, bfloat16 queries, interleaved with each format's own
+floor (its code and scale bytes read plainly): the fraction of the floor (target >= 0.85) and the
+speed-up over the bf16 cache (target >= 1.8x at Nk >= 8k).
 """
 
 from __future__ import annotations
@@ -104,6 +109,44 @@ def case(name, h, hkv, d, nk, dtype, rounds, stat):
     )
 
 
+def quant_tensors(k, fmt):
+    """k (B, Hkv, Nk, D) float -> (codes, float32 scale (B, Hkv, Nk)) of a format, per token."""
+    top = {"i8": 127.0, "e4m3": 448.0, "e5m2": 57344.0}[fmt]
+    scale = (k.float().abs().amax(-1) / top).clamp_min(1e-30)
+    y = k.float() / scale[..., None]
+    if fmt == "i8":
+        return torch.round(y).clamp(-127, 127).to(torch.int8), scale
+    return y.to({"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[fmt]).view(torch.uint8), scale
+
+
+def quant_case(name, h, hkv, d, nk, rounds, stat):
+    q, k, v = tensors(h, hkv, d, nk, torch.bfloat16)
+    fns, nbytes, reads = {"bf16": kernel_call(q, k, v)}, {"bf16": (k.numel() + v.numel()) * 2}, {}
+    reads["bf16"] = floor_reads(k, v)[0]
+    for fmt in ("i8", "e4m3", "e5m2"):
+        kc, ks = quant_tensors(k, fmt)
+        vc, vs = quant_tensors(v, fmt)
+        out = torch.empty(q.shape[:3] + (d,), dtype=q.dtype)
+        lse = torch.empty(q.shape[:3], dtype=torch.float32)
+
+        def run(kc=kc, vc=vc, ks=ks, vs=vs, out=out, lse=lse, f=native.KvFormat[fmt.upper()]):
+            native.forward(q, kc, vc, out, lse, scale=d**-0.5, threads=THREADS, kv_format=f, k_scale=ks, v_scale=vs)
+
+        fns[fmt] = run
+        nbytes[fmt] = kc.numel() + vc.numel() + 4 * (ks.numel() + vs.numel())
+        codes = floor_reads(kc, vc)[0]
+        scales = floor_reads(ks, vs)[0]
+        reads[fmt] = lambda c=codes, s=scales: c() + s()
+    t = round_robin({**fns, **{f"floor {f}": r for f, r in reads.items()}}, rounds, stat=stat)
+    for fmt in fns:
+        fl = t[f"floor {fmt}"]
+        print(
+            f"| {name} Nk={nk} | {fmt} | {nbytes[fmt] / 2**20:.1f} MiB | {t[fmt] * 1e3:.3f} "
+            f"({nbytes[fmt] / t[fmt] / 1e9:.1f} GB/s) | **{fl / t[fmt]:.2f}** | {t['bf16'] / t[fmt]:.2f}x |",
+            flush=True,
+        )
+
+
 def fixed_cost(rounds):
     for name, h, hkv, d in (("MHA 8/8 D=64", 8, 8, 64), ("GQA 32/8 D=128", 32, 8, 128)):
         for dtype in (torch.float32, torch.bfloat16):
@@ -126,12 +169,13 @@ def fixed_cost(rounds):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nk", type=int, default=32768)
+    ap.add_argument("--nk", default="32768", help="key counts, comma-separated")
     ap.add_argument("--rounds", type=int, default=21)
     ap.add_argument("--only", default="floor,fixed")
     ap.add_argument("--best", action="store_true", help="minimum over rounds instead of the median (a loaded machine)")
     a = ap.parse_args()
     print(fresh_line(), flush=True)  # qkv.info()'s line: CPU, ISA path, engines, threads, versions
+    nks = [int(x) for x in str(a.nk).split(",")]
     torch.set_num_threads(THREADS)
     stat = np.min if a.best else np.median
     print(f"qkv._native path: {native.isa()}; torch {torch.__version__}; threads {THREADS}")
@@ -140,9 +184,18 @@ def main() -> None:
             "| case | K+V | kernel ms (GB/s) | fraction of floor | qkv.attention ms (fraction) | SDPA ms (fraction) "
             "| floor ms (GB/s) |\n|---|---|---|---|---|---|---|"
         )
-        for dtype in (torch.float32, torch.bfloat16):
+        for nk in nks:
+            for dtype in (torch.float32, torch.bfloat16):
+                for name, h, hkv, d in (("MHA 8/8 D=64", 8, 8, 64), ("GQA 32/8 D=128", 32, 8, 128)):
+                    case(f"{name} {str(dtype)[6:]} Nk={nk}", h, hkv, d, nk, dtype, a.rounds, stat)
+    if "quant" in a.only:
+        print(
+            "\n| case (bf16 q) | cache | K+V (+ scales) | kernel ms (GB/s) | fraction of floor | speed vs bf16 cache |"
+            "\n|---|---|---|---|---|---|"
+        )
+        for nk in nks:
             for name, h, hkv, d in (("MHA 8/8 D=64", 8, 8, 64), ("GQA 32/8 D=128", 32, 8, 128)):
-                case(f"{name} {str(dtype)[6:]} Nk={a.nk}", h, hkv, d, a.nk, dtype, a.rounds, stat)
+                quant_case(name, h, hkv, d, nk, a.rounds, stat)
     if "fixed" in a.only:
         print("\n| fixed cost | kernel us | qkv.attention us | SDPA us |\n|---|---|---|---|")
         fixed_cost(max(5, a.rounds // 3))

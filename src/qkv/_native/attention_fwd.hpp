@@ -330,6 +330,16 @@ struct WideDot {
   void load_q(const LaneGroup& lg, int g, uint8_t* fl) { load_qt<T, C>(*P, lg, S->qt + g * P->Dk * kLanes, fl); }
   void range(const LaneGroup* lgs, int nlg, int64_t kb, int64_t j0, int64_t jn, uint8_t (*fl)[kLanes]) {
     const int64_t b = lgs[0].b, g = lgs[0].g, dkp = round_up(P->Dk, kLanes), dvp = round_up(P->Dv, kLanes);
+    if (P->kv_format != KvFormat::native) {  // a quantized cache: the dequantised copy, scanned (quant.hpp)
+      dequant_tile(P->kv_format, P->k, P->k_scale, b, g, j0, jn, P->Dk, S->kc, dkp);
+      dequant_tile(P->kv_format, P->v, P->v_scale, b, g, j0, jn, P->Dv, S->vc, dvp);
+      kp = S->kc;
+      vp = S->vc;
+      ldk = dkp;
+      ldv = dvp;
+      dirty_span(*P, lgs, nlg, kb, j0, jn, S->kc, S->vc, dkp, dvp, kp, ldk, vp, ldv, fl);
+      return;
+    }
     kp = kv_tile<T, C>(P->k, b, g, j0, jn, P->Dk, S->kc, dkp, false, ldk);
     vp = kv_tile<T, C>(P->v, b, g, j0, jn, P->Dv, S->vc, dvp, false, ldv);
     if (!kv_range_clean<T>(*P, b, g, j0, jn))

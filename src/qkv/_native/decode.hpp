@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "attention_fwd.hpp"
+#include "quant.hpp"
 
 namespace qkv_native {
 inline namespace QKV_NS {
@@ -71,13 +72,41 @@ static inline VF vload_f16(const U* p) {
   return vload(t);
 }
 
-// 16 values of a K / V row in its storage type, widened to the compute type in registers.
+// 16 codes of a quantized cache as their values / kUnit (quant.hpp), in float32.
+template <class U>
+static inline VF vload_i8(const U* p) {
+  alignas(64) float t[kLanes];
+  for (int i = 0; i < kLanes; ++i) t[i] = code_unit(i8_t{int8_t(p[i])});
+  return vload(t);
+}
+template <class U>
+static inline VF vload_e4m3(const U* p) {  // the NaN pattern reads as a number (e4m3_tile_clean)
+  alignas(64) float t[kLanes];
+  for (int i = 0; i < kLanes; ++i)
+    t[i] = half_to_float(uint16_t(((uint16_t(p[i]) & 0x80u) << 8) | ((uint16_t(p[i]) & 0x7fu) << 7)));
+  return vload(t);
+}
+template <class U>
+static inline VF vload_e5m2(const U* p) {
+  alignas(64) float t[kLanes];
+  for (int i = 0; i < kLanes; ++i) t[i] = half_to_float(uint16_t(uint16_t(p[i]) << 8));
+  return vload(t);
+}
+
+// 16 values of a K / V row in its storage type, widened to the compute type in registers (codes:
+// their values / kUnit, the key's scale applied by the caller).
 template <class E>
 static inline typename VecOf<typename Compute<E>::type>::V vload_kv(const E* p) {
   if constexpr (std::is_same_v<E, bf16_t>)
     return vload_bf16(reinterpret_cast<const uint16_t*>(p));
   else if constexpr (std::is_same_v<E, f16_t>)
     return vload_f16(reinterpret_cast<const uint16_t*>(p));
+  else if constexpr (std::is_same_v<E, i8_t>)
+    return vload_i8(reinterpret_cast<const int8_t*>(p));
+  else if constexpr (std::is_same_v<E, e4m3_t>)
+    return vload_e4m3(reinterpret_cast<const uint8_t*>(p));
+  else if constexpr (std::is_same_v<E, e5m2_t>)
+    return vload_e5m2(reinterpret_cast<const uint8_t*>(p));
   else
     return vload(p);
 }
@@ -87,12 +116,13 @@ static inline typename VecOf<typename Compute<E>::type>::V vload_kv(const E* p) 
 template <class C>
 struct DecBufs {
   C *qr = nullptr, *orow = nullptr, *oc = nullptr, *tsum = nullptr, *sc = nullptr, *st = nullptr, *addt = nullptr,
-    *kc = nullptr, *vc = nullptr, *ml = nullptr;
+    *kc = nullptr, *vc = nullptr, *ml = nullptr, *ks = nullptr, *vs = nullptr;
   int64_t dkp = 0, dvp = 0, lds = 0;  // set by carve()
   static size_t bytes(const Params& P) {
     const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes), lds = round_up(P.bk, kLanes);
     const int64_t n = kThinMaxRows;
-    const int64_t e = n * dkp + 3 * n * dvp + n * lds + 2 * P.bk * kLanes + P.bk * (dkp + dvp) + 8 * kLanes;
+    const int64_t e =
+        n * dkp + 3 * n * dvp + n * lds + 2 * P.bk * kLanes + P.bk * (dkp + dvp) + 8 * kLanes + 2 * lds;
     return size_t(e) * sizeof(C) + 16 * 64;
   }
   void carve(const Params& P, char* p) {
@@ -110,6 +140,8 @@ struct DecBufs {
     kc = c.take<C>(P.bk * dkp);
     vc = c.take<C>(P.bk * dvp);
     ml = c.take<C>(8 * kLanes);  // m, l, l's carry, alpha, tile max, m used, row sums
+    ks = c.take<C>(lds);         // a quantized tile's key factors: kUnit x k scale, kUnit x v scale
+    vs = c.take<C>(lds);
   }
 };
 
@@ -439,14 +471,62 @@ __attribute__((noinline)) static bool k_rows_finite(const T* k, int64_t ld, int6
     if (!storage_finite(k + j * ld, D)) return false;
   return true;
 }
+// The same for the keys [j0, j0 + jn) of a quantized K (codes and k scales).
+template <class E>
+__attribute__((noinline)) static bool k_codes_finite(const Params& P, int64_t b, int64_t g, int64_t j0, int64_t jn) {
+  const E* k = static_cast<const E*>(P.k.data) + b * P.k.s0 + g * P.k.s1;
+  for (int64_t j = j0; j < j0 + jn; ++j)
+    if (!std::isfinite(kv_scale(P.k_scale, b, g, j)) || !codes_finite(k + j * P.k.s2, P.Dk)) return false;
+  return true;
+}
+
+// A quantized tile read in place: f[j] = kUnit x scale of key j0 + j (j < jn) for K or V.
+template <class E, class C>
+static inline void key_factors(const Strided& s, int64_t b, int64_t g, int64_t j0, int64_t jn, C* f) {
+  const float* p = static_cast<const float*>(s.data) + b * s.s0 + g * s.s1 + j0 * s.s2;
+  for (int64_t j = 0; j < jn; ++j) f[j] = C(p[j * s.s2] * kUnit<E>);
+}
+
+// Rows [0, n) of scores (or of P) times the key factors f over keys [0, jn); returns whether some
+// product is not finite (only the scores ask).
+template <class C>
+static inline bool scale_keys(C* x, int64_t lds, int n, int64_t jn, const C* f) {
+  using V = typename VecOf<C>::V;
+  const V zero = vzero<V>();
+  V probe = zero;
+  C tail = C(0);
+  const int64_t jv = jn / kLanes * kLanes;
+  for (int r = 0; r < n; ++r) {
+    C* row = x + r * lds;
+    for (int64_t j = 0; j < jv; j += kLanes) {
+      const V y = vmul(vload(row + j), vload(f + j));
+      vstore(row + j, y);
+      probe = vfma(y, zero, probe);
+    }
+    for (int64_t j = jv; j < jn; ++j) {
+      row[j] *= f[j];
+      tail += row[j] * C(0);
+    }
+  }
+  alignas(64) C pr[kLanes];
+  vstore(pr, probe);
+  bool bad = !(tail == tail);
+  for (int l = 0; l < kLanes; ++l) bad = bad || !(pr[l] == pr[l]);
+  return bad;
+}
 
 // One row set of <= 8 rows against keys [ka, kz): the tile loop. Leaves m, l (S.ml) and the O
-// rows (S.orow) for thin_finish, flags in fl.
-template <class T>
+// rows (S.orow) for thin_finish, flags in fl. T: q's (and the output's) type; E: K and V's storage,
+// T itself or the codes of a quantized cache (quant.hpp), read in place where a tile is FULL and
+// plain (scores and P scaled by the key factors, 16 keys a vector), else dequantised into the
+// widened copy that the other tiles take.
+template <class T, class E>
 __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename Compute<T>::type>& S,
                                                const LaneGroup& lg, int64_t ka, int64_t kz, uint8_t* fl) {
   using C = typename Compute<T>::type;
   using V = typename VecOf<C>::V;
+  constexpr bool kCodes = IsCode<E>::value;
+  static_assert(kCodes || std::is_same_v<E, T>, "K and V are stored in q's dtype or as codes");
   const int64_t dkp = S.dkp, dvp = S.dvp, lds = S.lds;
   const int n = lg.n;
   std::memset(static_cast<void*>(S.qr), 0, sizeof(C) * size_t(kThinMaxRows * dkp));
@@ -475,39 +555,62 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
   const bool direct_ok = P.Dk % kLanes == 0 && P.Dv % kLanes == 0 && !P.has_bias;
   // (dropout included: a call's lse must not depend on it, bit for bit)
   const bool plain = P.n_mods == 0;
-  const T* kbase = static_cast<const T*>(P.k.data) + lg.b * P.k.s0 + lg.g * P.k.s1;
-  const T* vbase = static_cast<const T*>(P.v.data) + lg.b * P.v.s0 + lg.g * P.v.s1;
+  const E* kbase = static_cast<const E*>(P.k.data) + lg.b * P.k.s0 + lg.g * P.k.s1;
+  const E* vbase = static_cast<const E*>(P.v.data) + lg.b * P.v.s0 + lg.g * P.v.s1;
   for (int64_t j0 = ka; j0 < kz; j0 += P.bk) {
     const int64_t jn = imin(P.bk, kz - j0), kb = j0 / P.bk;
     classify(P, lg, kb, j0, jn, tm);
     if (tm.mode == TILE_SKIP) continue;
-    const bool direct = direct_ok && tm.mode == TILE_FULL;
+    bool direct = direct_ok && tm.mode == TILE_FULL;
+    if constexpr (std::is_same_v<E, e4m3_t>)  // its NaN pattern reads as a number in place
+      direct = direct && e4m3_tile_clean(kbase + j0 * P.k.s2, P.k.s2, jn, P.Dk) &&
+               e4m3_tile_clean(vbase + j0 * P.v.s2, P.v.s2, jn, P.Dv);
     // keys of this item left after the tile's start: how far the prefetch may run ahead
     const int64_t ahead = direct ? kz - j0 - kDecodePrefetch : 0;
     const C* p;
     int64_t psl, psj;
-    const T* vd = vbase + j0 * P.v.s2;
+    const E* vd = vbase + j0 * P.v.s2;
     const C* vcopy = nullptr;
     int64_t ldv = P.v.s2;
     if (direct) {
-      // FULL tile, read in place: a non-finite score means a non-finite k row or an overflow;
-      // every lane attends every key, so a bad k row flags them all (v: through the O rows)
-      const T* kp = kbase + j0 * P.k.s2;
-      if (dec_scores(kp, P.k.s2, jn, dkp / kLanes, S.qr, dkp, n, S.sc, lds, ahead) &&
-          !k_rows_finite(kp, P.k.s2, jn, P.Dk))
-        for (int l = 0; l < n; ++l) fl[l] |= kBadInput;
+      // FULL tile, read in place: a non-finite score means a non-finite k row (or k scale) or an
+      // overflow; every lane attends every key, so a bad k row flags them all (v: through the O rows)
+      const E* kp = kbase + j0 * P.k.s2;
+      [[maybe_unused]] const bool bad = dec_scores(kp, P.k.s2, jn, dkp / kLanes, S.qr, dkp, n, S.sc, lds, ahead);
+      if constexpr (kCodes) {
+        key_factors<E>(P.k_scale, lg.b, lg.g, j0, jn, S.ks);
+        key_factors<E>(P.v_scale, lg.b, lg.g, j0, jn, S.vs);
+        if (scale_keys(S.sc, lds, n, jn, S.ks) && !k_codes_finite<E>(P, lg.b, lg.g, j0, jn))
+          for (int l = 0; l < n; ++l) fl[l] |= kBadInput;
+      } else {
+        if (bad && !k_rows_finite(kp, P.k.s2, jn, P.Dk))
+          for (int l = 0; l < n; ++l) fl[l] |= kBadInput;
+      }
     } else {
       int64_t ldk;
-      const bool copy_k = !std::is_same_v<T, C> || P.Dk % kLanes != 0;
-      const bool copy_v = !std::is_same_v<T, C> || P.Dv % kLanes != 0;
-      const C* kp = kv_tile<T, C>(P.k, lg.b, lg.g, j0, jn, P.Dk, S.kc, dkp, copy_k, ldk);
-      vcopy = kv_tile<T, C>(P.v, lg.b, lg.g, j0, jn, P.Dv, S.vc, dvp, copy_v, ldv);
-      clean_tile<T>(P, &lg, 1, &tm, j0, jn, S.kc, S.vc, dkp, dvp, kp, ldk, vcopy, ldv,
-                    reinterpret_cast<uint8_t (*)[kLanes]>(fl));
+      const C* kp;
+      if constexpr (kCodes) {  // the dequantised copy, cleaned as a float tile (finite.hpp)
+        dequant_rows<E, C>(P.k, P.k_scale, lg.b, lg.g, j0, jn, P.Dk, S.kc, dkp);
+        dequant_rows<E, C>(P.v, P.v_scale, lg.b, lg.g, j0, jn, P.Dv, S.vc, dvp);
+        kp = S.kc;
+        ldk = dkp;
+        vcopy = S.vc;
+        ldv = dvp;
+        dirty_tile(P, &lg, 1, &tm, j0, jn, S.kc, S.vc, dkp, dvp, kp, ldk, vcopy, ldv,
+                   reinterpret_cast<uint8_t (*)[kLanes]>(fl));
+      } else {
+        const bool copy_k = !std::is_same_v<T, C> || P.Dk % kLanes != 0;
+        const bool copy_v = !std::is_same_v<T, C> || P.Dv % kLanes != 0;
+        kp = kv_tile<T, C>(P.k, lg.b, lg.g, j0, jn, P.Dk, S.kc, dkp, copy_k, ldk);
+        vcopy = kv_tile<T, C>(P.v, lg.b, lg.g, j0, jn, P.Dv, S.vc, dvp, copy_v, ldv);
+        clean_tile<T>(P, &lg, 1, &tm, j0, jn, S.kc, S.vc, dkp, dvp, kp, ldk, vcopy, ldv,
+                      reinterpret_cast<uint8_t (*)[kLanes]>(fl));
+      }
       dec_scores(kp, ldk, jn, dkp / kLanes, S.qr, dkp, n, S.sc, lds, int64_t(0));
     }
     if (plain && direct) {
       dec_softmax_plain(P, lg, j0, jn, S.sc, lds, S.ml);
+      if constexpr (kCodes) scale_keys(S.sc, lds, n, jn, S.vs);  // P x (kUnit x v scale) meets V's codes
       p = S.sc;
       psl = lds;
       psj = 1;
@@ -516,6 +619,10 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
         for (int l = 0; l < kLanes; ++l) S.st[jj * kLanes + l] = l < n ? S.sc[l * lds + jj] : C(0);
       const bool has_add = build_additive(P, lg, tm, j0, jn, S.addt, fl);
       vstore(al, softmax_tile<T, C>(P, lg, ml, tm, j0, jn, S.st, has_add ? S.addt : nullptr, m_run, l_run, lc));
+      if constexpr (kCodes)
+        if (direct)  // mods on a FULL tile read in place: P^T rows times the v factors
+          for (int64_t jj = 0; jj < jn; ++jj)
+            vstore(S.st + jj * kLanes, vmul(vload(S.st + jj * kLanes), vset1<V>(S.vs[jj])));
       p = S.st;
       psl = 1;
       psj = kLanes;
@@ -620,6 +727,26 @@ static int decode_rowset(const Params& P, const DecodeJob<T>& J, int64_t item, L
   return nlg;
 }
 
+// dec_thin for the call's K/V storage (float64 q takes a float64 cache only: the entrance refuses a
+// quantized one).
+template <class T>
+static inline void dec_thin_any(const Params& P, DecBufs<typename Compute<T>::type>& S, const LaneGroup& lg,
+                                int64_t ka, int64_t kz, uint8_t* fl) {
+  if constexpr (!std::is_same_v<T, double>) {
+    switch (P.kv_format) {
+      case KvFormat::i8:
+        return dec_thin<T, i8_t>(P, S, lg, ka, kz, fl);
+      case KvFormat::e4m3:
+        return dec_thin<T, e4m3_t>(P, S, lg, ka, kz, fl);
+      case KvFormat::e5m2:
+        return dec_thin<T, e5m2_t>(P, S, lg, ka, kz, fl);
+      default:
+        break;
+    }
+  }
+  dec_thin<T, T>(P, S, lg, ka, kz, fl);
+}
+
 template <class T>
 static void decode_task(void* ctx, int tid) {
   using C = typename Compute<T>::type;
@@ -666,7 +793,7 @@ static void decode_task(void* ctx, int tid) {
     }
     if (thin) {
       uint8_t fl[kLanes] = {};
-      dec_thin<T>(P, S, lgs[0], ka, kz, fl);
+      dec_thin_any<T>(P, S, lgs[0], ka, kz, fl);
       thin_finish<T>(P, S, lgs[0], fl, pp);
     } else {
       uint8_t fl[4][kLanes] = {};
@@ -697,9 +824,10 @@ static bool decode_forward(const Params& P) {
   J.nkb = (P.Nk + P.bk - 1) / P.bk;
   const int64_t base = P.B * P.Hkv * J.chunks;
   const int64_t kv_bytes = P.B * P.Hkv * P.Nk * (P.Dk + P.Dv) *
-                           int64_t(P.dtype == DType::f64   ? 8
-                                   : P.dtype == DType::f32 ? 4
-                                                           : 2);
+                           int64_t(P.kv_format != KvFormat::native ? 1
+                                   : P.dtype == DType::f64         ? 8
+                                   : P.dtype == DType::f32         ? 4
+                                                                   : 2);
   int64_t threads = P.threads < 1 || !P.parallel || kv_bytes < kDecodeSerialBytes ? 1 : P.threads;
   if (threads > 1) {
     // every thread gets the same number of equal items: base x splits a multiple of the threads,

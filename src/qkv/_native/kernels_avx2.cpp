@@ -100,6 +100,21 @@ static inline VF vload_f16(const uint16_t* p) {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
 }
+// 16 codes of a quantized cache as their values / kUnit (quant.hpp), as simd_avx512.hpp's.
+static inline VF vload_i8(const int8_t* p) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(x, 8)))};
+}
+static inline VF vload_e5m2(const uint8_t* p) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), z = _mm_setzero_si128();
+  return {_mm256_cvtph_ps(_mm_unpacklo_epi8(z, x)), _mm256_cvtph_ps(_mm_unpackhi_epi8(z, x))};
+}
+static inline VF vload_e4m3(const uint8_t* p) {
+  const __m256i h = _mm256_and_si256(
+      _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 7),
+      _mm256_set1_epi16(short(0xbf80)));
+  return {_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
+}
 
 // 2^x for 8 floats: x = n + f, |f| <= 1/2; 2^f by a degree-6 polynomial fitted for relative
 // error on [-1/2, 1/2] (max 1.7e-8 in float64 evaluation, below float32 rounding), 2^n by adding n to the exponent

@@ -286,6 +286,8 @@ struct Bf16Dot {
 template <>
 void fwd_rowset<bf16_t>(const Params& P, FwdBufs<bf16_t>& S, const LaneGroup* lgs, int nlg, int64_t ka, int64_t kz,
                         uint8_t (*fl)[kLanes]) {
+  if (P.kv_format != KvFormat::native)  // a quantized cache: dequantised to float32 tiles (quant.hpp)
+    return fwd_tiles<WideDot<bf16_t>>(P, S, lgs, nlg, ka, kz, fl);
   fwd_tiles<Bf16Dot>(P, S, lgs, nlg, ka, kz, fl);
 }
 

@@ -152,6 +152,29 @@ static inline void cvt_f16_row(const uint16_t* s, float* d, int64_t n) {
   }
 }
 
+// 16 codes of a quantized cache as their values / kUnit (quant.hpp): int8 widened and converted;
+// E5M2 as the high byte of a float16 (SHLL by 8); E4M3's magnitude bits shifted into a float16
+// (sign-extended bytes << 7 leave the sign in bits 14 and 15: the mask keeps bit 15).
+static inline float32x4_t f16x4(uint16x4_t h) { return vcvt_f32_f16(vreinterpret_f16_u16(h)); }
+static inline VF vload_i8(const int8_t* p) {
+  const int8x16_t x = vld1q_s8(p);
+  const int16x8_t lo = vmovl_s8(vget_low_s8(x)), hi = vmovl_high_s8(x);
+  return {vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo))), vcvtq_f32_s32(vmovl_high_s16(lo)),
+          vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi))), vcvtq_f32_s32(vmovl_high_s16(hi))};
+}
+static inline VF vload_e5m2(const uint8_t* p) {
+  const uint8x16_t x = vld1q_u8(p);
+  const uint16x8_t lo = vshll_n_u8(vget_low_u8(x), 8), hi = vshll_high_n_u8(x, 8);
+  return {f16x4(vget_low_u16(lo)), f16x4(vget_high_u16(lo)), f16x4(vget_low_u16(hi)), f16x4(vget_high_u16(hi))};
+}
+static inline VF vload_e4m3(const uint8_t* p) {
+  const int8x16_t x = vreinterpretq_s8_u8(vld1q_u8(p));
+  const uint16x8_t m = vdupq_n_u16(0xbf80u);
+  const uint16x8_t lo = vandq_u16(vreinterpretq_u16_s16(vshlq_n_s16(vmovl_s8(vget_low_s8(x)), 7)), m);
+  const uint16x8_t hi = vandq_u16(vreinterpretq_u16_s16(vshlq_n_s16(vmovl_high_s8(x), 7)), m);
+  return {f16x4(vget_low_u16(lo)), f16x4(vget_high_u16(lo)), f16x4(vget_low_u16(hi)), f16x4(vget_high_u16(hi))};
+}
+
 }  // namespace QKV_NS
 }  // namespace qkv_native
 

@@ -88,6 +88,20 @@ static inline VF vload_bf16(const uint16_t* p) {
 static inline VF vload_f16(const uint16_t* p) {
   return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
 }
+// 16 codes of a quantized cache as their values / kUnit (quant.hpp): int8 sign-extended and
+// converted; E5M2 as the high byte of a float16; E4M3's magnitude bits shifted into a float16
+// (sign-extended bytes << 7 leave the sign in bits 14 and 15: the mask keeps bit 15).
+static inline VF vload_i8(const int8_t* p) {
+  return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+}
+static inline VF vload_e5m2(const uint8_t* p) {
+  const __m256i h = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return {_mm512_cvtph_ps(_mm256_slli_epi16(h, 8))};
+}
+static inline VF vload_e4m3(const uint8_t* p) {
+  const __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return {_mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16(short(0xbf80))))};
+}
 
 // 2^x: as the AVX2 path (degree-6 fit on |f| <= 1/2), with scalef for the 2^n factor. NaN stays
 // NaN (finite.hpp reads a NaN row sum): the compare is unordered-true and max / min return their

@@ -149,6 +149,8 @@ struct Case {
   int64_t window = 0;
   double dropout = 0.0;    // > 0: paths compared with each other only (the keep mask is the kernel's)
   bool nonfinite = false;  // forward only: NaN / inf planted in q, k, v
+  KvFormat kvf = KvFormat::native;  // a quantized cache (forward only): codes and float32 scales
+  bool head_scale = false;          // one scale per kv head (stride 0 over keys)
 };
 
 struct Mask {
@@ -237,6 +239,7 @@ struct Setup {
   Case c;
   Mask m;
   Arr q, k, v, dout, bias;
+  std::vector<float> ks, vs;  // quantized cache: (B, Hkv, Nk) scales, or (B, Hkv) with head_scale
   std::vector<double> dlse;  // (B, H, Nq), float64 (dlse_dtype f64)
   std::vector<std::vector<double>> tables;
   Mod mods[kMaxMods];
@@ -257,6 +260,12 @@ Params params(const Setup& s, const KernelTable* t) {
   P.q = s.q.strided();
   P.k = s.k.strided();
   P.v = s.v.strided();
+  if (c.kvf != KvFormat::native) {
+    P.kv_format = c.kvf;
+    const int64_t per = c.head_scale ? 1 : c.Nk;
+    P.k_scale = {s.ks.data(), c.Hkv * per, per, c.head_scale ? 0 : 1, 0};
+    P.v_scale = {s.vs.data(), c.Hkv * per, per, c.head_scale ? 0 : 1, 0};
+  }
   P.scale = 1.0 / std::sqrt(double(c.Dk));
   P.bq = s.m.bq;
   P.bk = s.m.bk;
@@ -483,6 +492,56 @@ const char* dname(DType t) {
   return t == DType::f64 ? "float64" : t == DType::f32 ? "float32" : t == DType::f16 ? "float16" : "bfloat16";
 }
 
+// The value of a code (exact, float64), as quant.hpp reads it.
+double code_value(KvFormat f, uint8_t b) {
+  if (f == KvFormat::i8) return double(int8_t(b));
+  if (f == KvFormat::e5m2) return from_half(uint16_t(uint16_t(b) << 8));
+  const double sg = (b & 0x80) ? -1.0 : 1.0;
+  const int e = (b >> 3) & 15, m = b & 7;
+  if (e == 15 && m == 7) return NAN;
+  return e == 0 ? sg * std::ldexp(double(m), -9) : sg * std::ldexp(8.0 + m, e - 10);
+}
+
+// a as a quantized cache: random finite codes (every exponent, subnormals and zeros included) and
+// scales; val becomes code x scale (the float32 product, as the kernel's copies form it).
+void quantize(Arr& a, KvFormat f, bool head, std::vector<float>& scales, std::mt19937_64& rng) {
+  const int64_t B = a.d[0], G = a.d[1], N = a.d[2], D = a.d[3];
+  a.bytes.assign(size_t(a.s0() * B), 0);
+  scales.resize(size_t(B * G * (head ? 1 : N)));
+  std::uniform_real_distribution<float> us(0.004f, 0.03f);
+  for (float& x : scales) x = f == KvFormat::i8 ? us(rng) : us(rng) * 8.0f;
+  std::uniform_int_distribution<int> ub(0, 255);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t n = 0; n < N; ++n) {
+        const float sc = scales[size_t((b * G + g) * (head ? 1 : N) + (head ? 0 : n))];
+        for (int64_t e = 0; e < D; ++e) {
+          uint8_t code;
+          do code = uint8_t(ub(rng));
+          while (!std::isfinite(code_value(f, code)) || (f == KvFormat::i8 && code == 0x80));
+          a.bytes[size_t(b * a.s0() + g * a.s1() + n * a.s2() + e)] = code;
+          a.at(b, g, n, e) = double(float(code_value(f, code)) * sc);
+        }
+      }
+}
+
+// One key's K or V row made non-finite in a quantized cache: its scale (int8, or a per-key scale)
+// or one code (the float8 NaN / inf patterns).
+void plant(Arr& a, KvFormat f, std::vector<float>& scales, int64_t b, int64_t g, int64_t n, float bad_scale,
+           uint8_t bad_code) {
+  if (f == KvFormat::i8) {
+    const size_t x = size_t((b * a.d[1] + g) * a.d[2] + n);
+    scales[x] = bad_scale;
+    for (int64_t e = 0; e < a.d[3]; ++e) {
+      const double c = code_value(f, a.bytes[size_t(b * a.s0() + g * a.s1() + n * a.s2() + e)]);
+      a.at(b, g, n, e) = double(float(c) * bad_scale);
+    }
+  } else {
+    a.bytes[size_t(b * a.s0() + g * a.s1() + n * a.s2())] = bad_code;
+    a.at(b, g, n, 0) = code_value(f, bad_code);
+  }
+}
+
 Setup setup(const Case& c, uint64_t seed) {
   std::mt19937_64 rng(seed);
   Setup s;
@@ -491,6 +550,10 @@ Setup setup(const Case& c, uint64_t seed) {
   s.q = make(c.dt, c.B, c.H, c.Nq, c.Dk, pad, rng);
   s.k = make(c.dt, c.B, c.Hkv, c.Nk, c.Dk, pad, rng);
   s.v = make(c.dt, c.B, c.Hkv, c.Nk, c.Dv, 0, rng);
+  if (c.kvf != KvFormat::native) {
+    quantize(s.k, c.kvf, c.head_scale, s.ks, rng);
+    quantize(s.v, c.kvf, c.head_scale, s.vs, rng);
+  }
   s.dout = make(c.dt, c.B, c.H, c.Nq, c.Dv, 0, rng);
   if (c.bias) s.bias = make(DType::f32, c.B, 1, c.Nq, c.Nk, 0, rng);
   std::uniform_real_distribution<double> u(-0.5, 0.5);
@@ -516,7 +579,11 @@ Setup setup(const Case& c, uint64_t seed) {
     m.table = s.tables.back().data();
     s.mods[x] = m;
   }
-  if (c.nonfinite) {  // a NaN in one v row, +inf in one k row, NaN in one q row
+  if (c.nonfinite && c.kvf != KvFormat::native) {  // a NaN v row, an inf k row (hidden by causal masks)
+    plant(s.v, c.kvf, s.vs, 0, 0, c.Nk / 2, NAN, c.kvf == KvFormat::e4m3 ? 0xff : 0x7e);
+    plant(s.k, c.kvf, s.ks, c.B - 1, c.Hkv - 1, c.Nk - 1, INFINITY, c.kvf == KvFormat::e4m3 ? 0x7f : 0x7c);
+    set_value(s.q, 0, c.H - 1, c.Nq - 1, 0, NAN);
+  } else if (c.nonfinite) {  // a NaN in one v row, +inf in one k row, NaN in one q row
     set_value(s.v, 0, 0, c.Nk / 2, 0, NAN);
     set_value(s.k, c.B - 1, c.Hkv - 1, c.Nk - 1, c.Dk - 1, INFINITY);
     set_value(s.q, 0, c.H - 1, c.Nq - 1, 0, NAN);
@@ -541,7 +608,7 @@ void run_case(const Case& c, uint64_t seed) {
   std::vector<const KernelTable*> tables = runnable();
   for (const KernelTable* t : tables) {
     Got G;
-    if (!run(s, t, G, !c.nonfinite)) {
+    if (!run(s, t, G, !c.nonfinite && c.kvf == KvFormat::native)) {
       std::printf("  FAIL %s: out of memory\n", t->name);
       ++failures;
       return;
@@ -580,6 +647,7 @@ void run_case(const Case& c, uint64_t seed) {
     const Ref R = reference(s, &G.out);
     check("out", c.name, pn, err(G.out, R.out), tol);
     check("lse", c.name, pn, err(G.lse, R.lse), tol);
+    if (c.kvf != KvFormat::native) continue;  // no backward with a quantized cache
     check("dq", c.name, pn, err(G.dq, R.dq), tol);
     check("dk", c.name, pn, err(G.dk, R.dk), tol);
     check("dv", c.name, pn, err(G.dv, R.dv), tol);
@@ -650,6 +718,33 @@ int main() {
       {"non-finite inputs, causal", f32, 1, 2, 2, 40, 140, 16, 16, CAUSAL, 2, {}, false, false, false, 0, 0.0, true},
       {"non-finite inputs, decode", bf, 2, 4, 2, 2, 300, 16, 16, NONE, 2, {}, false, false, false, 0, 0.0, true},
   };
+  // a quantized cache (quant.hpp), forward only: decode read in place (1, 3, 4 and 8 rows, FULL
+  // tiles, key counts ending mid-fold), edge tiles and odd Dk / Dv through the dequantised copy,
+  // the wide path (> 8 rows), prefill against a cache (causal, bottom-right, across tile edges),
+  // per-head scales, non-finite codes and scales in attended and hidden slots
+  const KvFormat i8 = KvFormat::i8, e4 = KvFormat::e4m3, e5 = KvFormat::e5m2;
+  const std::vector<Case> quant = {
+      {"int8 cache, decode, 1 row", f32, 1, 2, 2, 1, 1031, 64, 64, NONE, 2, {}, false, false, false, 0, 0.0, false, i8},
+      {"int8 cache, decode, GQA 8/2", bf, 1, 8, 2, 1, 300, 128, 128, NONE, 1, {}, false, false, false, 0, 0.0, false,
+       i8},
+      {"int8 cache, 3 rows, odd D", f16, 1, 3, 1, 1, 262, 33, 17, NONE, 2, {}, false, false, false, 0, 0.0, false, i8},
+      {"e4m3 cache, decode, 8 rows", f32, 1, 8, 1, 1, 517, 64, 32, NONE, 2, {}, false, false, false, 0, 0.0, false,
+       e4},
+      {"e5m2 cache, decode, 4 rows, alibi", f32, 1, 4, 1, 1, 300, 64, 64, NONE, 2, {mod(MOD_ALIBI, 0)}, false, false,
+       false, 0, 0.0, false, e5},
+      {"e4m3 cache, per-head scale, wide", bf, 1, 16, 1, 2, 400, 64, 64, NONE, 2, {}, false, false, false, 0, 0.0,
+       false, e4, true},
+      {"e5m2 cache, prefill chunk, causal", f32, 1, 4, 2, 40, 300, 32, 48, CAUSAL, 2, {}, false, false, false, 0, 0.0,
+       false, e5},
+      {"int8 cache, prefill chunk, causal", f16, 1, 2, 1, 130, 260, 64, 64, CAUSAL, 2, {}, false, false, false, 0,
+       0.0, false, i8},
+      {"int8 cache, non-finite, decode", f32, 2, 4, 2, 1, 300, 16, 16, NONE, 2, {}, false, false, false, 0, 0.0, true,
+       i8},
+      {"e4m3 cache, non-finite, decode", f32, 2, 2, 2, 1, 300, 64, 64, NONE, 2, {}, false, false, false, 0, 0.0, true,
+       e4},
+      {"e5m2 cache, non-finite, causal", bf, 2, 2, 2, 40, 140, 16, 16, CAUSAL, 2, {}, false, false, false, 0, 0.0,
+       true, e5},
+  };
   std::printf("ISA paths:");
   for (const KernelTable* t : runnable()) std::printf(" %s", t->name);
   std::printf(" (default: %s)\n", current()->name);
@@ -663,6 +758,7 @@ int main() {
 #endif
   uint64_t seed = 1;
   for (const Case& c : cases) run_case(c, seed++);
+  for (const Case& c : quant) run_case(c, seed++);
   std::printf(failures ? "%d FAILED\n" : "all passed\n", failures);
   return failures ? 1 : 0;
 }
