@@ -66,7 +66,17 @@ def run(q, kc, vc, ks, vs, fmt, threads=1, rows=None):
     out = torch.empty(b, h, nq, vc.shape[3], dtype=q.dtype)
     lse = torch.empty(b, h, nq, dtype=torch.float32)
     counts = native.forward(
-        q, kc, vc, out, lse, scale=dk**-0.5, threads=threads, rows=rows, kv_format=kv_format(fmt), k_scale=ks, v_scale=vs
+        q,
+        kc,
+        vc,
+        out,
+        lse,
+        scale=dk**-0.5,
+        threads=threads,
+        rows=rows,
+        kv_format=kv_format(fmt),
+        k_scale=ks,
+        v_scale=vs,
     )
     return out.double().numpy(), lse.double().numpy(), counts
 
@@ -84,7 +94,18 @@ def check(q, kc, vc, ks, vs, fmt, qdtype, threads=1, rows=None, allowed=None):
 
 
 # rows of one kv head's row set (H / Hkv x Nq): 1-8 read in place (the thin path), more on the wide path
-ROW_SETS = [(1, 1, 1), (2, 1, 1), (6, 2, 1), (8, 2, 1), (5, 1, 1), (4, 2, 3), (7, 1, 1), (8, 1, 1), (16, 2, 1), (2, 1, 12)]
+ROW_SETS = [
+    (1, 1, 1),
+    (2, 1, 1),
+    (6, 2, 1),
+    (8, 2, 1),
+    (5, 1, 1),
+    (4, 2, 3),
+    (7, 1, 1),
+    (8, 1, 1),
+    (16, 2, 1),
+    (2, 1, 12),
+]
 # (Dk, Dv): read in place (multiples of 16) or through the dequantised copy (odd)
 DIMS = [(64, 64), (128, 128), (33, 17), (48, 80), (16, 31)]
 # key counts: 1, mid-fold, mid-tile, several tiles ending mid-block, split over threads
@@ -94,7 +115,9 @@ NKS = [1, 17, 130, 1031, 3001]
 @pytest.mark.parametrize("qdtype", list(QDTYPES))
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_decode_reads_the_quantized_cache(isa, fmt, qdtype):
-    cases = zip(ROW_SETS, itertools.cycle(DIMS), itertools.cycle(NKS), itertools.cycle((1, 2)), itertools.cycle((0, 0, 1)))
+    cases = zip(
+        ROW_SETS, itertools.cycle(DIMS), itertools.cycle(NKS), itertools.cycle((1, 2)), itertools.cycle((0, 0, 1))
+    )
     for n, ((h, hkv, nq), (dk, dv), nk, threads, per_head) in enumerate(cases):
         q, kc, vc, ks, vs = make(n, 1 + n % 2, h, hkv, nq, nk, dk, dv, fmt, qdtype, bool(per_head))
         check(q, kc, vc, ks, vs, fmt, qdtype, threads)
@@ -119,7 +142,9 @@ def bottom_right_causal(nq, nk, b, h):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_prefill_chunk_over_a_quantized_cache(isa, fmt, qdtype):
     # a chunk of new queries over cached keys, causal bottom-right, across the 64-row and 128-key tile edges
-    for n, (h, hkv, nq, nk, dk, dv) in enumerate([(4, 2, 40, 300, 32, 48), (2, 1, 130, 260, 64, 64), (3, 3, 65, 129, 17, 33)]):
+    for n, (h, hkv, nq, nk, dk, dv) in enumerate(
+        [(4, 2, 40, 300, 32, 48), (2, 1, 130, 260, 64, 64), (3, 3, 65, 129, 17, 33)]
+    ):
         q, kc, vc, ks, vs = make(100 + n, 1, h, hkv, nq, nk, dk, dv, fmt, qdtype, per_head=n == 1)
         rows = bottom_right_causal(nq, nk, 1, h)
         check(q, kc, vc, ks, vs, fmt, qdtype, threads=2, rows=rows, allowed=O.causal_allowed(nq, nk))

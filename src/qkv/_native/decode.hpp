@@ -121,8 +121,7 @@ struct DecBufs {
   static size_t bytes(const Params& P) {
     const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes), lds = round_up(P.bk, kLanes);
     const int64_t n = kThinMaxRows;
-    const int64_t e =
-        n * dkp + 3 * n * dvp + n * lds + 2 * P.bk * kLanes + P.bk * (dkp + dvp) + 8 * kLanes + 2 * lds;
+    const int64_t e = n * dkp + 3 * n * dvp + n * lds + 2 * P.bk * kLanes + P.bk * (dkp + dvp) + 8 * kLanes + 2 * lds;
     return size_t(e) * sizeof(C) + 16 * 64;
   }
   void carve(const Params& P, char* p) {
@@ -730,8 +729,8 @@ static int decode_rowset(const Params& P, const DecodeJob<T>& J, int64_t item, L
 // dec_thin for the call's K/V storage (float64 q takes a float64 cache only: the entrance refuses a
 // quantized one).
 template <class T>
-static inline void dec_thin_any(const Params& P, DecBufs<typename Compute<T>::type>& S, const LaneGroup& lg,
-                                int64_t ka, int64_t kz, uint8_t* fl) {
+static inline void dec_thin_any(const Params& P, DecBufs<typename Compute<T>::type>& S, const LaneGroup& lg, int64_t ka,
+                                int64_t kz, uint8_t* fl) {
   if constexpr (!std::is_same_v<T, double>) {
     switch (P.kv_format) {
       case KvFormat::i8:

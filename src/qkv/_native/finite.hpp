@@ -251,8 +251,9 @@ __attribute__((noinline)) static bool row_reads_nonfinite(const Params& P, const
     for (int64_t jj = 0; jj < jn; ++jj) {
       const int64_t j = j0 + jj;
       if (!lane_allows(P, one, tm, l, j0, jj)) continue;
-      if (P.kv_format != KvFormat::native ? !kv_key_finite(P, lg.b, lg.g, j)
-                                          : !(storage_finite(k + j * P.k.s2, P.Dk) && storage_finite(v + j * P.v.s2, P.Dv)))
+      if (P.kv_format != KvFormat::native
+              ? !kv_key_finite(P, lg.b, lg.g, j)
+              : !(storage_finite(k + j * P.k.s2, P.Dk) && storage_finite(v + j * P.v.s2, P.Dv)))
         return true;
     }
   }

@@ -109,10 +109,22 @@ static inline VF vload_e5m2(const uint8_t* p) {
   const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), z = _mm_setzero_si128();
   return {_mm256_cvtph_ps(_mm_unpacklo_epi8(z, x)), _mm256_cvtph_ps(_mm_unpackhi_epi8(z, x))};
 }
+static inline bool e4m3_nan_free(const uint8_t* p, int64_t n) {  // quant.hpp
+  const __m256i top = _mm256_set1_epi8(char(0x80)), ones = _mm256_set1_epi8(char(0xff));
+  __m256i bad = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    bad = _mm256_or_si256(
+        bad,
+        _mm256_cmpeq_epi8(_mm256_or_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)), top), ones));
+  int tail = 0;
+  for (; i < n; ++i) tail |= int((p[i] | 0x80u) == 0xffu);
+  return !tail && _mm256_testz_si256(bad, bad);
+}
 static inline VF vload_e4m3(const uint8_t* p) {
-  const __m256i h = _mm256_and_si256(
-      _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 7),
-      _mm256_set1_epi16(short(0xbf80)));
+  const __m256i h =
+      _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 7),
+                       _mm256_set1_epi16(short(0xbf80)));
   return {_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
 }
 

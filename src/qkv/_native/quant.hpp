@@ -72,16 +72,22 @@ static inline bool codes_finite(const E* p, int64_t n) {
   return ok;
 }
 
-// Whether none of rows [0, jn) x [0, D) of E4M3 codes (row stride ld) is the NaN pattern: one OR
-// and one compare per byte, vectorised by the compiler (S.1111.111 | 0x80 == 0xff).
+// Whether none of n E4M3 codes is the NaN pattern (S.1111.111 | 0x80 == 0xff). Generic version; the
+// x86 units define non-template overloads (an OR and a compare per 32 or 64 bytes).
+template <class U>
+static inline bool e4m3_nan_free(const U* p, int64_t n) {
+  uint8_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad |= uint8_t((uint8_t(p[i]) | 0x80u) == 0xffu);
+  return bad == 0;
+}
+
+// The same over rows [0, jn) x [0, D) of a tile (row stride ld): one run when the rows are contiguous.
 static inline bool e4m3_tile_clean(const e4m3_t* x, int64_t ld, int64_t jn, int64_t D) {
   const uint8_t* u = reinterpret_cast<const uint8_t*>(x);
-  uint8_t bad = 0;
-  for (int64_t j = 0; j < jn; ++j) {
-    const uint8_t* r = u + j * ld;
-    for (int64_t d = 0; d < D; ++d) bad |= uint8_t((r[d] | 0x80u) == 0xffu);
-  }
-  return bad == 0;
+  if (ld == D) return e4m3_nan_free(u, jn * D);
+  for (int64_t j = 0; j < jn; ++j)
+    if (!e4m3_nan_free(u + j * ld, D)) return false;
+  return true;
 }
 
 // The scale of key j of (b, g): Strided over (B, Hkv, Nk), float32.

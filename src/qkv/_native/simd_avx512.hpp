@@ -98,6 +98,17 @@ static inline VF vload_e5m2(const uint8_t* p) {
   const __m256i h = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return {_mm512_cvtph_ps(_mm256_slli_epi16(h, 8))};
 }
+static inline bool e4m3_nan_free(const uint8_t* p, int64_t n) {  // quant.hpp
+  const __m512i top = _mm512_set1_epi8(char(0x80)), ones = _mm512_set1_epi8(char(0xff));
+  __mmask64 bad = 0;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) bad |= _mm512_cmpeq_epi8_mask(_mm512_or_si512(_mm512_loadu_si512(p + i), top), ones);
+  if (i < n) {
+    const __mmask64 m = __mmask64(~uint64_t(0) >> (64 - (n - i)));
+    bad |= _mm512_mask_cmpeq_epi8_mask(m, _mm512_or_si512(_mm512_maskz_loadu_epi8(m, p + i), top), ones);
+  }
+  return bad == 0;
+}
 static inline VF vload_e4m3(const uint8_t* p) {
   const __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return {_mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16(short(0xbf80))))};
