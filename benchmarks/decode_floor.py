@@ -129,7 +129,9 @@ def quant_case(name, h, hkv, d, nk, rounds, stat):
         out = torch.empty(q.shape[:3] + (d,), dtype=q.dtype)
         lse = torch.empty(q.shape[:3], dtype=torch.float32)
 
-        def run(kc=kc, vc=vc, ks=ks, vs=vs, out=out, lse=lse, f=native.KvFormat[fmt.upper()]):
+        kv_format = native.KvFormat[fmt.upper()]
+
+        def run(kc=kc, vc=vc, ks=ks, vs=vs, out=out, lse=lse, f=kv_format):
             native.forward(q, kc, vc, out, lse, scale=d**-0.5, threads=THREADS, kv_format=f, k_scale=ks, v_scale=vs)
 
         fns[fmt] = run

@@ -15,10 +15,10 @@ import os
 import platform
 
 import numpy as np
-import oracle as O
 import pytest
 import torch
 
+import oracle as O
 from qkv import _native as native
 
 FORMATS = ("i8", "e4m3", "e5m2")
