@@ -48,9 +48,9 @@ template <>
 struct IsCode<e5m2_t> : std::true_type {};
 
 template <class E>
-constexpr float kUnit = 1.0f;
+inline constexpr float kUnit = 1.0f;
 template <>
-constexpr float kUnit<e4m3_t> = 256.0f;
+inline constexpr float kUnit<e4m3_t> = 256.0f;
 
 // One code as its value / kUnit (exact).
 static inline float code_unit(i8_t x) { return float(x.bits); }
