@@ -24,9 +24,11 @@ from qkv import _native as native
 FORMATS = ("i8", "e4m3", "e5m2")
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
-QDTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# the output's own rounding (half an ulp) on top of the float32 tolerance of a float cache
-OUT_EPS = {"float32": 0.0, "bfloat16": 2.0**-8, "float16": 2.0**-11}
+QDTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+# the tolerance of a float cache in the compute type (float64 q: the dequantised values are exact
+# products there), plus the output's own rounding (half an ulp) for half outputs
+TOL = {"float32": 4e-6, "bfloat16": 4e-6, "float16": 4e-6, "float64": 1e-11}
+OUT_EPS = {"float32": 0.0, "bfloat16": 2.0**-8, "float16": 2.0**-11, "float64": 0.0}
 
 
 def kv_format(fmt):
@@ -64,7 +66,7 @@ def make(rng_seed, b, h, hkv, nq, nk, dk, dv, fmt, qdtype, per_head=False):
 def run(q, kc, vc, ks, vs, fmt, threads=1, rows=None):
     b, h, nq, dk = q.shape
     out = torch.empty(b, h, nq, vc.shape[3], dtype=q.dtype)
-    lse = torch.empty(b, h, nq, dtype=torch.float32)
+    lse = torch.empty(b, h, nq, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
     counts = native.forward(
         q,
         kc,
@@ -88,9 +90,11 @@ def check(q, kc, vc, ks, vs, fmt, qdtype, threads=1, rows=None, allowed=None):
     assert tuple(counts) == (0, 0)
     assert np.array_equal(np.isneginf(lse), np.isneginf(rl)) and not np.isnan(out).any()
     fin = np.isfinite(rl)
-    tol = 4e-6 + OUT_EPS[qdtype] * float(np.abs(ro).max(initial=0.0))
+    tol = TOL[qdtype] + OUT_EPS[qdtype] * float(np.abs(ro).max(initial=0.0))
     assert float(np.abs(out - ro).max(initial=0.0)) <= tol, (fmt, qdtype, q.shape, kc.shape)
-    assert float(np.abs(lse[fin] - rl[fin]).max(initial=0.0)) <= 4e-6 * max(1.0, float(np.abs(rl[fin]).max(initial=0)))
+    assert float(np.abs(lse[fin] - rl[fin]).max(initial=0.0)) <= TOL[qdtype] * max(
+        1.0, float(np.abs(rl[fin]).max(initial=0))
+    )
 
 
 # rows of one kv head's row set (H / Hkv x Nq): 1-8 read in place (the thin path), more on the wide path

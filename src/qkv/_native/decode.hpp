@@ -526,6 +526,8 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
   using V = typename VecOf<C>::V;
   constexpr bool kCodes = IsCode<E>::value;
   static_assert(kCodes || std::is_same_v<E, T>, "K and V are stored in q's dtype or as codes");
+  // codes are read in place by float32 code only (float64 q: the dequantised copy, exact in float64)
+  constexpr bool kInPlace = !kCodes || std::is_same_v<C, float>;
   const int64_t dkp = S.dkp, dvp = S.dvp, lds = S.lds;
   const int n = lg.n;
   std::memset(static_cast<void*>(S.qr), 0, sizeof(C) * size_t(kThinMaxRows * dkp));
@@ -551,7 +553,7 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
   mod_lanes_init(P, lg, ml);
   TileMask tm;
   // direct reads need whole 16-wide chunks and no bias entry to check (finite.hpp)
-  const bool direct_ok = P.Dk % kLanes == 0 && P.Dv % kLanes == 0 && !P.has_bias;
+  const bool direct_ok = kInPlace && P.Dk % kLanes == 0 && P.Dv % kLanes == 0 && !P.has_bias;
   // (dropout included: a call's lse must not depend on it, bit for bit)
   const bool plain = P.n_mods == 0;
   const E* kbase = static_cast<const E*>(P.k.data) + lg.b * P.k.s0 + lg.g * P.k.s1;
@@ -565,13 +567,15 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
       direct = direct && e4m3_tile_clean(kbase + j0 * P.k.s2, P.k.s2, jn, P.Dk) &&
                e4m3_tile_clean(vbase + j0 * P.v.s2, P.v.s2, jn, P.Dv);
     // keys of this item left after the tile's start: how far the prefetch may run ahead
-    const int64_t ahead = direct ? kz - j0 - kDecodePrefetch : 0;
+    [[maybe_unused]] const int64_t ahead = direct ? kz - j0 - kDecodePrefetch : 0;
     const C* p;
     int64_t psl, psj;
-    const E* vd = vbase + j0 * P.v.s2;
+    [[maybe_unused]] const E* vd = vbase + j0 * P.v.s2;
     const C* vcopy = nullptr;
     int64_t ldv = P.v.s2;
-    if (direct) {
+    if constexpr (!kInPlace) {
+      // (direct is false)
+    } else if (direct) {
       // FULL tile, read in place: a non-finite score means a non-finite k row (or k scale) or an
       // overflow; every lane attends every key, so a bad k row flags them all (v: through the O rows)
       const E* kp = kbase + j0 * P.k.s2;
@@ -585,7 +589,8 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
         if (bad && !k_rows_finite(kp, P.k.s2, jn, P.Dk))
           for (int l = 0; l < n; ++l) fl[l] |= kBadInput;
       }
-    } else {
+    }
+    if (!direct) {
       int64_t ldk;
       const C* kp;
       if constexpr (kCodes) {  // the dequantised copy, cleaned as a float tile (finite.hpp)
@@ -628,7 +633,7 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
     }
     if (vcopy)
       dec_pv(vcopy, ldv, jn, p, psl, psj, n, S.tsum, S.orow, S.oc, dvp, al, int64_t(0));
-    else
+    else if constexpr (kInPlace)
       dec_pv(vd, ldv, jn, p, psl, psj, n, S.tsum, S.orow, S.oc, dvp, al, ahead);
   }
 }
@@ -726,24 +731,20 @@ static int decode_rowset(const Params& P, const DecodeJob<T>& J, int64_t item, L
   return nlg;
 }
 
-// dec_thin for the call's K/V storage (float64 q takes a float64 cache only: the entrance refuses a
-// quantized one).
+// dec_thin for the call's K/V storage.
 template <class T>
 static inline void dec_thin_any(const Params& P, DecBufs<typename Compute<T>::type>& S, const LaneGroup& lg, int64_t ka,
                                 int64_t kz, uint8_t* fl) {
-  if constexpr (!std::is_same_v<T, double>) {
-    switch (P.kv_format) {
-      case KvFormat::i8:
-        return dec_thin<T, i8_t>(P, S, lg, ka, kz, fl);
-      case KvFormat::e4m3:
-        return dec_thin<T, e4m3_t>(P, S, lg, ka, kz, fl);
-      case KvFormat::e5m2:
-        return dec_thin<T, e5m2_t>(P, S, lg, ka, kz, fl);
-      default:
-        break;
-    }
+  switch (P.kv_format) {
+    case KvFormat::i8:
+      return dec_thin<T, i8_t>(P, S, lg, ka, kz, fl);
+    case KvFormat::e4m3:
+      return dec_thin<T, e4m3_t>(P, S, lg, ka, kz, fl);
+    case KvFormat::e5m2:
+      return dec_thin<T, e5m2_t>(P, S, lg, ka, kz, fl);
+    default:
+      return dec_thin<T, T>(P, S, lg, ka, kz, fl);
   }
-  dec_thin<T, T>(P, S, lg, ka, kz, fl);
 }
 
 template <class T>

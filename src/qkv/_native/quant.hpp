@@ -96,16 +96,17 @@ static inline float kv_scale(const Strided& s, int64_t b, int64_t g, int64_t j) 
 }
 
 // Dequantised rows [j0, j0 + jn) of a (b, g) slice of codes into buf (row stride ld_buf): value =
-// code x scale in float32 (code_unit x kUnit is the code, exactly), then the compute type.
+// code x scale in the compute type (code_unit x kUnit is the code, exactly): one rounding in
+// float32, exact in float64 (a code has at most 8 significant bits, a scale 24).
 template <class E, class C>
 static inline void dequant_rows(const Strided& x, const Strided& s, int64_t b, int64_t g, int64_t j0, int64_t jn,
                                 int64_t D, C* buf, int64_t ld_buf) {
   const E* base = static_cast<const E*>(x.data) + b * x.s0 + g * x.s1 + j0 * x.s2;
   for (int64_t jj = 0; jj < jn; ++jj) {
     const E* row = base + jj * x.s2;
-    const float f = kv_scale(s, b, g, j0 + jj);
+    const C f = C(kv_scale(s, b, g, j0 + jj));
     C* dst = buf + jj * ld_buf;
-    for (int64_t d = 0; d < D; ++d) dst[d] = C(code_unit(row[d]) * kUnit<E> * f);
+    for (int64_t d = 0; d < D; ++d) dst[d] = C(code_unit(row[d]) * kUnit<E>) * f;
   }
 }
 
