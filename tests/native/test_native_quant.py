@@ -1,5 +1,6 @@
 """A quantized K/V cache read by the compiled kernel (``_native/quant.hpp``): int8 and float8
-(E4M3, E5M2) codes with float32 scales per (batch, kv head, key) or per kv head, on every ISA path,
+(E4M3, E5M2) codes with float32 scales per (batch, kv head, key) or per kv head, queries in
+float32 / bfloat16 / float16 / float64 (the last through float64 copies), on every ISA path,
 against the float64 oracle over the dequantised cache (code x scale): decode (1-8 rows read in
 place, > 8 rows on the wide path), odd and even Dk / Dv, key counts ending mid-block, 1 and 2
 threads; prefill chunks over a cache (causal, bottom-right) across tile edges; non-finite codes and

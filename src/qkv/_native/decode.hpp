@@ -33,9 +33,17 @@ inline namespace QKV_NS {
 
 constexpr int kThinMaxRows = 8;
 // Keys read ahead by software prefetch (K in the score pass, V in the P.V pass). Without it the
-// one-thread read of a 32k-key bf16 cache ran at 0.75x (GQA) of the prefetched one; 16, 32, 64
-// and 128 keys measured alike within the noise of a shared machine.
-constexpr int64_t kDecodePrefetch = 64;
+// one-thread read of a 32k-key bf16 cache ran at 0.75x (GQA) of the prefetched one on Zen 5; 16,
+// 32, 64 and 128 keys measured alike within the noise of a shared machine. QKV_DECODE_PREFETCH
+// (0: none) and QKV_DECODE_PF_LOCALITY (__builtin_prefetch's 0-3) exist for benchmarks/decode_ab.sh,
+// which builds variants of this loop side by side to measure them on another CPU.
+#ifndef QKV_DECODE_PREFETCH
+#define QKV_DECODE_PREFETCH 64
+#endif
+#ifndef QKV_DECODE_PF_LOCALITY
+#define QKV_DECODE_PF_LOCALITY 3
+#endif
+constexpr int64_t kDecodePrefetch = QKV_DECODE_PREFETCH;
 // A decode call reading fewer K+V bytes runs on the calling thread: waking the pool (~5-10 us,
 // far more on a busy machine) would cost more than the read it shares (256 KiB: ~3-6 us on one
 // core).
@@ -216,7 +224,8 @@ static inline void dec_block_t(const E* kp, int64_t ld_, int64_t jn, int64_t nck
           for (int c = 0; c < NCQ; ++c) {
             // the same row kDecodePrefetch keys ahead, in the loop that reads K (a separate
             // prefetch loop cost ~10% of the scores, and gcc may delete it as side-effect free)
-            if ((c0 + c) % kPfEvery == 0 && pf) __builtin_prefetch(kr + kDecodePrefetch * ldk + c * kLanes, 0, 3);
+            if (kDecodePrefetch > 0 && (c0 + c) % kPfEvery == 0 && pf)
+              __builtin_prefetch(kr + kDecodePrefetch * ldk + c * kLanes, 0, QKV_DECODE_PF_LOCALITY);
             const V k = vload_kv(kr + c * kLanes);
 #pragma GCC unroll 4
             for (int r = 0; r < R; ++r) acc[r * KB + i] = vfma(k, q[r][c], acc[r * KB + i]);
@@ -381,7 +390,8 @@ static inline void pv_block(const E* vp, int64_t ldv, int64_t jn, const C* p, in
       V v[NC];
 #pragma GCC unroll 8
       for (int c = 0; c < NC; ++c) {
-        if ((c0 + c) % kPfEvery == 0 && pf) __builtin_prefetch(vr + kDecodePrefetch * ldv + c * kLanes, 0, 3);
+        if (kDecodePrefetch > 0 && (c0 + c) % kPfEvery == 0 && pf)
+          __builtin_prefetch(vr + kDecodePrefetch * ldv + c * kLanes, 0, QKV_DECODE_PF_LOCALITY);
         v[c] = vload_kv(vr + c * kLanes);
       }
 #pragma GCC unroll 8
