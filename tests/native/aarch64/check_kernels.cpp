@@ -503,8 +503,8 @@ double code_value(KvFormat f, uint8_t b) {
 }
 
 // a as a quantized cache: random finite codes (int8 in [-128, 127]; float8 with |value| <= 8,
-// subnormals and zeros included) and scales (|values| < 4); val becomes code x scale (the float32
-// product, as the kernel's copies form it).
+// subnormals and zeros included) and scales (|values| < 4); val becomes code x scale, exact in
+// float64 (the float32 paths round it once, well inside their tolerance).
 void quantize(Arr& a, KvFormat f, bool head, std::vector<float>& scales, std::mt19937_64& rng) {
   const int64_t B = a.d[0], G = a.d[1], N = a.d[2], D = a.d[3];
   a.bytes.assign(size_t(a.s0() * B), 0);
@@ -521,7 +521,7 @@ void quantize(Arr& a, KvFormat f, bool head, std::vector<float>& scales, std::mt
           do code = uint8_t(ub(rng));
           while (!(std::fabs(code_value(f, code)) <= 8.0) && f != KvFormat::i8);  // |value| < 2: as make()
           a.bytes[size_t(b * a.s0() + g * a.s1() + n * a.s2() + e)] = code;
-          a.at(b, g, n, e) = double(float(code_value(f, code)) * sc);
+          a.at(b, g, n, e) = code_value(f, code) * double(sc);
         }
       }
 }
@@ -535,7 +535,7 @@ void plant(Arr& a, KvFormat f, std::vector<float>& scales, int64_t b, int64_t g,
     scales[x] = bad_scale;
     for (int64_t e = 0; e < a.d[3]; ++e) {
       const double c = code_value(f, a.bytes[size_t(b * a.s0() + g * a.s1() + n * a.s2() + e)]);
-      a.at(b, g, n, e) = double(float(c) * bad_scale);
+      a.at(b, g, n, e) = c * double(bad_scale);
     }
   } else {
     a.bytes[size_t(b * a.s0() + g * a.s1() + n * a.s2())] = bad_code;
