@@ -321,3 +321,50 @@ def test_a_transformers_model_compiles_without_graph_breaks_forward_and_static_c
         model.forward = torch.compile(model.forward, fullgraph=True, backend="aot_eager")
         got = model.generate(ids, **gen)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "float8_e4m3fn", "float8_e5m2"])
+def test_opcheck_passes_on_the_quantized_operator(fmt):
+    """The operator that reads a quantized cache in place: codes (float8 as their uint8 bits),
+    scales per token or per kv head, across tile edges, with a mask's rows or tiles, a bias and mods;
+    its autograd gives q's gradient."""
+    from qkv._impls import _torch_op
+    from qkv._impls._kernel_args import KV_FORMATS
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 4, 70, D, generator=g, requires_grad=True)
+    k, v = (torch.randn(1, 2, 130, D, generator=g) for _ in range(2))
+    window = masks.encode(masks.sliding_window(40).recipe)
+    tiles = masks.encode(masks.from_dense(torch.rand(70, 130, generator=g) < 0.6).recipe)
+    mods_code, tables = _torch_op.encode_mods((KernelMod(ModKind.SOFTCAP, 2.0), KernelMod(ModKind.ALIBI)))
+    seed = torch.zeros((), dtype=torch.int64)
+    for per in ("token", "head") if fmt != "int8" else ("token",):
+        qk, qv = qkv.quantize(k, fmt, scale=per), qkv.quantize(v, fmt, scale=per)
+        codes = [x.values if fmt == "int8" else x.values.view(torch.uint8) for x in (qk, qv)]
+        cases = [
+            (None, "", [], "()", []),
+            (None, *window, mods_code, tables),
+            (torch.randn(1, 4, 70, 130, generator=g), *tiles, "()", []),
+        ]
+        for bias, code, data, mcode, mtables in cases:
+            scales = (qk.scales, qv.scales, int(KV_FORMATS[fmt]))
+            args = (q, *codes, *scales, bias, code, data, [1, 4], mcode, mtables, 0.3, 0.0, seed)
+            torch.library.opcheck(torch.ops.qkv.attention_quantized.default, args)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "float8_e5m2"])
+def test_a_compiled_step_over_a_quantized_cache_gives_q_its_gradient(fmt):
+    q, k, v = (x.detach() for x in _inputs())
+    q.requires_grad_(True)
+    qk, qv = qkv.quantize(k, fmt), qkv.quantize(v, fmt)
+
+    def loss(q):
+        return (qkv.attention(q, qk, qv, causal=True) ** 2).sum()
+
+    explained = torch._dynamo.explain(loss)(q)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
+    got = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend="aot_eager")(q), q)[0]
+    kf, vf = qkv.dequantize(qk), qkv.dequantize(qv)
+    want = torch.autograd.grad((qkv.attention(q, kf, vf, causal=True, impl="reference") ** 2).sum(), q)[0]
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)

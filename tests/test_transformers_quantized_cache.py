@@ -137,6 +137,33 @@ def test_a_compiled_static_cache_generates_the_uncompiled_tokens(fmt, dynamic):
     torch.testing.assert_close(got[1], want[1], atol=1e-4, rtol=0)
 
 
+@pytest.mark.skipif(not _native.available(), reason="compiled engine unavailable")
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_kernel_reads_the_layers_never_a_python_dequantization(fmt, monkeypatch):
+    """Dynamic, static and compiled static caches: with qkv's dequantization unusable inside the
+    attention path, generate still equals the model over the stored values."""
+    model = _llama()
+    ids, mask = _batch(True)
+    want_tokens, want_scores = _generate(model, ids, _rounded_cache(model, fmt), mask)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the cache was dequantized in Python")
+
+    from qkv._impls import _call, _compiled
+
+    monkeypatch.setattr(_call, "dequantize", refused)
+    monkeypatch.setattr(_compiled, "dequantize", refused)
+    for static in (None, 32):
+        tokens, scores = _generate(model, ids, qt.QuantizedCache(model.config, dtype=fmt, max_cache_len=static), mask)
+        assert torch.equal(tokens, want_tokens)
+        torch.testing.assert_close(scores, want_scores, atol=2e-4, rtol=0)
+    torch._dynamo.reset()
+    model.forward = torch.compile(model.forward, fullgraph=True, backend="aot_eager")
+    tokens, scores = _generate(model, ids, qt.QuantizedCache(model.config, dtype=fmt, max_cache_len=32), mask)
+    assert torch.equal(tokens, want_tokens)
+    torch.testing.assert_close(scores, want_scores, atol=2e-4, rtol=0)
+
+
 def test_the_cache_moves_scales_with_their_tokens_for_beam_search():
     model = _llama()
     ids, mask = _batch(False)

@@ -172,8 +172,8 @@ def attention(
 
     - ``k`` and ``v`` may be a quantized cache, both ``qkv.Quantized`` of one format
       (``qkv.quantize(k, "int8")``): the result is attention over the dequantized values
-      ``values · scales``; the compiled kernel reads the 8-bit values in place where it can, the
-      other engines dequantize them to ``q``'s dtype first (``qkv.dispatch`` says which). A torch
+      ``values · scales``; the compiled kernel reads the 8-bit values in place, the other
+      engines dequantize them to ``q``'s dtype first (``qkv.dispatch`` says which). A torch
       ``q`` that requires grad gets its gradient; the cache gets none.
 
     - ``mask``: boolean array (True = may attend), float array (added to the scores) or a

@@ -36,28 +36,51 @@ def scales(shape=(B, HKV, NK), dtype=np.float32):
     return np.ones(shape, dtype)
 
 
+def codes(fmt, shape, seed):
+    """Small integer values (exact in every format) as ``fmt``'s stored codes, and the values."""
+    ints = torch.randint(-4, 5, shape, generator=torch.Generator().manual_seed(seed)).float()
+    if fmt is KvFormat.I8:
+        return ints.to(torch.int8).numpy(), ints.numpy()
+    dtype = torch.float8_e4m3fn if fmt is KvFormat.E4M3 else torch.float8_e5m2
+    return ints.to(dtype).view(torch.uint8).numpy(), ints.numpy()
+
+
+def run(fmt, k, v, k_scale=None, v_scale=None, q=None):
+    q = np.linspace(-1, 1, B * H * NQ * D, dtype=np.float32).reshape(B, H, NQ, D) if q is None else q
+    out, lse = np.zeros((B, H, NQ, D), np.float32), np.zeros((B, H, NQ), np.float32)
+    native.forward(q, k, v, out, lse, scale=0.5, kv_format=fmt, k_scale=k_scale, v_scale=v_scale)
+    return out, lse
+
+
 @pytest.mark.parametrize("fmt", QUANTIZED, ids=lambda f: f.name)
 @pytest.mark.parametrize(
     "shape",
     [(B, HKV, NK), (1, HKV, 1), (1, 1, 1), (B, 1, NK), (1, HKV, NK)],
     ids=lambda s: "x".join(map(str, s)),
 )
-def test_a_well_formed_quantized_cache_passes_every_check(fmt, shape):
-    # every check passes; the kernels do not read the format yet, which is the one refusal left
-    with pytest.raises(ValueError, match=f"does not read kv_format={fmt.name.lower()} yet"):
-        call(fmt, cache(fmt), cache(fmt), scales(shape), scales(shape))
-    # a scale broadcast by strides (stride 0 on its axes of 1 or on stretched ones) passes too
-    wide = np.broadcast_to(np.ones(shape, np.float32), (B, HKV, NK))
-    with pytest.raises(ValueError, match="does not read"):
-        call(fmt, cache(fmt), cache(fmt), wide, wide)
+def test_a_well_formed_quantized_cache_is_read_as_its_dequantized_values(fmt, shape):
+    (kc, kf), (vc, vf) = codes(fmt, (B, HKV, NK, D), 1), codes(fmt, (B, HKV, NK, D), 2)
+    ks = np.linspace(0.5, 2, int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    vs = ks[..., ::-1].copy() if shape[-1] > 1 else ks * 3
+    want = run(KvFormat.NATIVE, kf * ks[..., None], vf * vs[..., None])
+    got = run(fmt, kc, vc, ks, vs)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    # a scale broadcast by strides (stride 0 on its axes of 1 or on stretched ones) reads the same
+    wk, wv = (np.broadcast_to(s, (B, HKV, NK)) for s in (ks, vs))
+    for g, w in zip(run(fmt, kc, vc, wk, wv), want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
 def test_torch_float8_caches_enter_as_their_uint8_bits():
     for fmt, dtype in ((KvFormat.E4M3, torch.float8_e4m3fn), (KvFormat.E5M2, torch.float8_e5m2)):
-        k = torch.zeros((B, HKV, NK, D), dtype=dtype).view(torch.uint8)  # zero-copy
-        s = torch.ones((B, HKV, NK))
-        with pytest.raises(ValueError, match="does not read"):
-            call(fmt, k, k, s, s)
+        ints = torch.randint(-4, 5, (B, HKV, NK, D), generator=torch.Generator().manual_seed(3)).float()
+        k = ints.to(dtype).view(torch.uint8)  # zero-copy
+        s = torch.full((B, HKV, NK), 0.25)
+        got = run(fmt, k, k, s, s)
+        want = run(KvFormat.NATIVE, (ints * 0.25).numpy(), (ints * 0.25).numpy())
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("fmt", QUANTIZED, ids=lambda f: f.name)

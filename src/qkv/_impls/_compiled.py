@@ -1,13 +1,15 @@
 """``qkv.attention`` while torch traces (``torch.compile``, ``torch.export``): one operator node.
 
 Inside a traced program the front end must not look at values or run NumPy, so this path
-normalises the call from shapes and structure alone — the mask as its recipe, a boolean array
-as ``from_dense`` data, a float array as the bias, the score mod as the kernel's ops — and
-hands everything to ``torch.ops.qkv.attention`` (``_torch_op``), which checks, plans and runs
-the compiled kernel when the graph runs. What this path cannot express (a mask or score mod that
-is a plain Python function, a bias or mod table that needs its gradient, weights, an rng that is
-not an int seed, a device other than the CPU) returns None: ``qkv.attention`` then runs its
-usual path with the graph broken around it (``torch.compiler.disable``), never wrongly.
+normalises the call from shapes and structure alone — the mask as its recipe, a boolean array as
+``from_dense`` data, a float array as the bias, the score mod as the kernel's ops — and hands
+everything to ``torch.ops.qkv.attention`` (``_torch_op``), which checks, plans and runs the
+compiled kernel when the graph runs; a quantized cache goes to
+``torch.ops.qkv.attention_quantized`` as its codes and scales (dequantized in the graph only
+with dropout, which that operator lacks). What this path cannot express (a mask or score mod
+that is a plain Python function, a bias or mod table that needs its gradient, weights, an rng
+that is not an int seed, a device other than the CPU) returns None: ``qkv.attention`` then runs
+its usual path with the graph broken around it (``torch.compiler.disable``), never wrongly.
 """
 
 import importlib.util
@@ -23,7 +25,7 @@ from .._typing import Result
 from ..masks import Mask
 from ..scores import ScoreMod
 from ._call import aligned_mod, as_2d, check_bias, check_sinks, split_quantized
-from ._kernel_args import flat, flat_bias
+from ._kernel_args import KV_FORMATS, flat, flat_bias
 
 
 def _mask_recipe(mask: Any, causal: bool, torch: Any) -> tuple[Any, Any] | None:
@@ -76,8 +78,8 @@ def compiled_attention(
     from . import _torch_op
 
     k, v, kv = split_quantized(k, v)
-    if kv is not None:  # a quantized cache: dequantized inside the graph (the operator takes float K/V)
-        k, v = dequantize(kv.k, q.dtype), dequantize(kv.v, q.dtype)
+    if kv is not None and check_dropout(dropout) > 0:  # the quantized operator has no dropout: float K/V
+        k, v, kv = dequantize(kv.k, q.dtype), dequantize(kv.v, q.dtype), None
     if not native.available() or want_weights or not all(isinstance(x, torch.Tensor) for x in (q, k, v)):
         return None
     if q.device.type != "cpu" or str(q.dtype).removeprefix("torch.") not in native.DTYPES:
@@ -86,7 +88,7 @@ def compiled_attention(
     if normalised is None:
         return None
     recipe, mask_bias = normalised
-    dims = check_qkv(q, k, v)
+    dims = check_qkv(q, k, v, quantized=kv is not None)
     if 0 in (*dims.batch, dims.h, dims.nq, dims.nk, dims.dk, dims.dv):
         return None  # an empty axis: the eager path's answer (no kernel takes one)
     bias = check_bias(bias, mask_bias)
@@ -119,20 +121,15 @@ def compiled_attention(
     q4, k4, v4 = (flat(x, dims, n, torch.Tensor.expand) for x, n in ((q, dims.h), (k, dims.hkv), (v, dims.hkv)))
     q4, k4, v4 = (_ready(x) for x in (q4, k4, v4))
     data = [d if isinstance(d, torch.Tensor) else torch.as_tensor(d) for d in mask_data]
-    out, lse = torch.ops.qkv.attention(
-        q4,
-        k4,
-        v4,
-        None if bias is None else _ready(flat_bias(bias, dims, torch.Tensor.expand)),
-        mask_code,
-        data,
-        list(lead),
-        mods_code,
-        mod_tables,
-        float(sc),
-        float(p),
-        seed,
-    )
+    b4 = None if bias is None else _ready(flat_bias(bias, dims, torch.Tensor.expand))
+    call = (b4, mask_code, data, list(lead), mods_code, mod_tables, float(sc), float(p), seed)
+    if kv is not None:  # the codes and scales read in place by the kernel
+        if kv.format != "int8":
+            k4, v4 = k4.view(torch.uint8), v4.view(torch.uint8)
+        ks, vs = (flat(x.scales[..., None], dims, dims.hkv, torch.Tensor.expand)[..., 0] for x in (kv.k, kv.v))
+        out, lse = torch.ops.qkv.attention_quantized(q4, k4, v4, ks, vs, int(KV_FORMATS[kv.format]), *call)
+    else:
+        out, lse = torch.ops.qkv.attention(q4, k4, v4, *call)
     out = out.reshape(*dims.score_shape[:-1], dims.dv)
     lse = lse.reshape(dims.score_shape[:-1])
     res = Result(out, None, lse)

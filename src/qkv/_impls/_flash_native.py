@@ -22,16 +22,17 @@ from .._finite import overflow_error
 from .._heads import cast
 from .._typing import Array, Result
 from ._call import Call, Plan
-from ._kernel_args import KernelArgs, flat, flat_bias, kernel_args
+from ._kernel_args import KV_FORMATS, KernelArgs, flat, flat_bias, kernel_args
 
 # --------------------------------------------------------------------------- host libraries
 
 
 class _Host(NamedTuple):
     """How the arrays of one library meet the binding in an eager call: ``enter`` turns an array
-    into one the library's ``broadcast_to`` takes, ``ready`` a ``(B, H, N, D)`` layout into what
-    the binding reads (detached, unit last stride, copied only when strided), ``empty`` allocates
-    a result, ``f32`` / ``f64`` are the accumulation dtypes, ``leave`` hands a result back."""
+        into one the library's ``broadcast_to`` takes, ``ready`` a ``(B, H, N, D)`` layout into what
+        the binding reads (detached, unit last stride, copied only when strided), ``empty`` allocates
+        a result, ``f32`` / ``f64`` are the accumulation dtypes, ``u8`` the dtype float8 codes enter
+    the kernel as (their bits), ``leave`` hands a result back."""
 
     enter: Callable[[Any], Any]
     broadcast_to: Callable[[Any, tuple[int, ...]], Any]
@@ -39,6 +40,7 @@ class _Host(NamedTuple):
     empty: Callable[[tuple[int, ...], Any], Any]
     f32: Any
     f64: Any
+    u8: Any
     leave: Callable[[Any], Any]
 
 
@@ -64,13 +66,13 @@ def _host(library: str) -> _Host:
         def empty(shape: tuple[int, ...], dtype: Any) -> Any:
             return torch.empty(shape, dtype=dtype, device="cpu")
 
-        return _Host(_same, torch.Tensor.expand, ready, empty, torch.float32, torch.float64, _same)
+        return _Host(_same, torch.Tensor.expand, ready, empty, torch.float32, torch.float64, torch.uint8, _same)
     leave: Callable[[Any], Any] = _same
     if library == "jax":
         import jax.numpy as jnp
 
         leave = jnp.asarray
-    return _Host(np.asarray, np.broadcast_to, _numpy_ready, np.empty, np.float32, np.float64, leave)
+    return _Host(np.asarray, np.broadcast_to, _numpy_ready, np.empty, np.float32, np.float64, np.uint8, leave)
 
 
 # --------------------------------------------------------------------------- arguments
@@ -85,7 +87,27 @@ def _args(h: _Host, c: Call, p: Plan) -> tuple[Array, Array, Array, KernelArgs]:
     assert mods is not None  # the plan sends a mod the kernel cannot run to the array engine
     assert p.threads is not None  # a plan for the compiled engine has its threads
     lead = d.score_shape[:-2] if d.has_heads else ()
-    return q, k, v, kernel_args(c.scale, p.threads, p.mask, mods, lead, bias, c.dropout, c.rng)
+    if c.kv is None:
+        return q, k, v, kernel_args(c.scale, p.threads, p.mask, mods, lead, bias, c.dropout, c.rng)
+    k, v, ks, vs = _quantized(h, c, k, v)
+    fmt = KV_FORMATS[c.kv.format]
+    return q, k, v, kernel_args(c.scale, p.threads, p.mask, mods, lead, bias, c.dropout, c.rng, fmt, ks, vs)
+
+
+def _quantized(h: _Host, c: Call, k: Any, v: Any) -> tuple[Any, Any, Any, Any]:
+    """A quantized cache's codes as the kernel reads them (int8, or float8 as their ``uint8``
+    bits: a view) and its scales ``(*B, Hkv, Nk|1)`` as ``(B, Hkv, Nk|1)``, in whatever strides
+    they have (a transformers ``QuantizedCache`` keeps each scale beside its token's codes)."""
+    assert c.kv is not None
+    d = c.dims
+    if c.kv.format != "int8":
+        k, v = k.view(h.u8), v.view(h.u8)
+
+    def scales(s: Any) -> Any:  # (*b, Hkv, Nk|1) as (B, Hkv, Nk|1): views where the batch axes allow
+        s = flat(h.enter(s)[..., None], d, d.hkv, h.broadcast_to)[..., 0]
+        return s.detach() if hasattr(s, "detach") else s
+
+    return k, v, scales(c.kv.k.scales), scales(c.kv.v.scales)
 
 
 def _check(c: Call, overflowed: int) -> None:

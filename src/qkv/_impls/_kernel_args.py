@@ -18,9 +18,13 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .._native import KernelMod, KvFormat, MaskKind
+from .._quant import FORMATS
 from .._typing import Array, Dims
 from ..masks import BlockPlan
 from ..scores import kernel_ops
+
+KV_FORMATS: dict[str, KvFormat] = {name: KvFormat(i + 1) for i, name in enumerate(FORMATS)}
+"""A quantized cache's format (``qkv.Quantized.format``) as the kernel's ``kv_format``."""
 
 
 class KernelArgs(NamedTuple):

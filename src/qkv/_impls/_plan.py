@@ -120,13 +120,9 @@ def _kv_reason(c: Call) -> str | None:
     assert c.kv is not None
     if getattr(c.q, "requires_grad", False):
         return "q needs its gradient, which the compiled kernel's backward does not give against a quantized cache"
-    return _unread(c.kv.format, c.dims.nq, dtype_name(c.q))
-
-
-def _unread(fmt: str, nq: int, dtype: str) -> str | None:
-    """Why the compiled kernel does not read K/V stored as ``fmt`` for ``nq`` queries in ``dtype``
-    (None: it reads them)."""
-    return f"the compiled kernel does not read K/V stored as {fmt}"
+    if _traced(c):
+        return "a quantized cache inside a traced JAX program is dequantized by the program (the FFI takes float K/V)"
+    return None
 
 
 def _engine(c: Call) -> tuple[str, str | None]:

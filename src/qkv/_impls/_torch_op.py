@@ -11,6 +11,11 @@ cached by the recipe), so a traced program never runs NumPy.
     q (B, H, Nq, Dk), k (B, Hkv, Nk, Dk), v (B, Hkv, Nk, Dv), bias (B|1, H|1, Nq|1, Nk) or None
     -> out (B, H, Nq, Dv), lse (B, H, Nq) (float32; float64 for float64)
 
+``torch.ops.qkv.attention_quantized`` reads a quantized cache in place: k, v the codes (int8,
+or float8 as their ``uint8`` bits) with float32 scales ``k_scale``, ``v_scale`` ``(B|1, Hkv|1,
+Nk|1)`` and the kernel's ``kv_format``; no dropout. Its gradient reaches q only (the backward runs
+on the dequantized K/V: the forward is attention over those values).
+
 The operators exist once this module is imported (by the first torch call that needs them).
 """
 
@@ -23,7 +28,7 @@ from torch import Tensor
 from .. import _native as native
 from .. import masks
 from .._finite import overflow_error
-from .._native import KernelMod
+from .._native import KernelMod, KvFormat
 from ..errors import ArgumentError, MaskError
 from ._kernel_args import KernelArgs, kernel_args
 from ._plan import threads
@@ -73,14 +78,21 @@ _CALL = (
 )
 
 
-def _kernel_args(q: Tensor, k: Tensor, v: Tensor, call: tuple[Any, ...]) -> KernelArgs:
-    """The operator's inputs as the kernel's arguments (``kernel_args``)."""
+def _kernel_args(
+    q: Tensor, k: Tensor, v: Tensor, call: tuple[Any, ...], kv: tuple[int, Tensor, Tensor] | None = None
+) -> KernelArgs:
+    """The operator's inputs as the kernel's arguments (``kernel_args``); ``kv`` a quantized cache's
+    ``(kv_format, k_scale, v_scale)``."""
     bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, dropout, seed = call
     mods = tuple(KernelMod.decoded(op) for op in masks.decode_tree(mods_code, [t.detach() for t in mod_tables]))
     lead_t = tuple(int(x) for x in lead)
     plan = _mask_plan(mask_code, mask_data, lead_t, q, v, k.shape[-2], any(op.positional for op in mods))
     rng = int(seed.item()) if dropout > 0 else None
-    return kernel_args(scale, threads(), plan, mods, lead_t, None if bias is None else bias.detach(), dropout, rng)
+    b = None if bias is None else bias.detach()
+    if kv is None:
+        return kernel_args(scale, threads(), plan, mods, lead_t, b, dropout, rng)
+    fmt, ks, vs = kv
+    return kernel_args(scale, threads(), plan, mods, lead_t, b, dropout, rng, KvFormat(fmt), ks.detach(), vs.detach())
 
 
 def _check(counts: tuple[int, int], q: Tensor, k: Tensor, a: KernelArgs) -> None:
@@ -166,3 +178,67 @@ def _backward(ctx: Any, dout: Tensor, dlse: Tensor | None) -> tuple[Any, ...]:
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+_FLOAT8 = {int(KvFormat.E4M3): torch.float8_e4m3fn, int(KvFormat.E5M2): torch.float8_e5m2}
+
+
+def dequantized(codes: Tensor, scales: Tensor, kv_format: int, dtype: torch.dtype) -> Tensor:
+    """The values ``codes (B, Hkv, Nk, D)`` stand for, ``codes · scales[..., None]``, in ``dtype``."""
+    c = codes.view(_FLOAT8[kv_format]) if kv_format in _FLOAT8 else codes
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    return (c.to(acc) * scales.to(acc)[..., None]).to(dtype)
+
+
+@torch.library.custom_op(
+    "qkv::attention_quantized",
+    mutates_args=(),
+    device_types="cpu",
+    schema=f"(Tensor q, Tensor k, Tensor v, Tensor k_scale, Tensor v_scale, int kv_format, {_CALL}) "
+    "-> (Tensor, Tensor)",
+)
+def attention_quantized_op(
+    q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Tensor, kv_format: int, *call: Any
+) -> tuple[Tensor, Tensor]:
+    """The forward pass over a quantized cache read in place: ``(out, lse)`` (see the module docstring)."""
+    if call[7] > 0:
+        raise ArgumentError("torch.ops.qkv.attention_quantized takes no dropout (qkv.attention dequantizes for it)")
+    out, lse = _results(q, v)
+    a = _kernel_args(q, k, v, call, (kv_format, k_scale, v_scale))
+    counts = native.forward(q.detach(), k.detach(), v.detach(), out, lse, **a.keywords())
+    if counts[1]:
+        _check(counts, q, dequantized(k, k_scale, kv_format, q.dtype), a)
+    return out, lse
+
+
+@attention_quantized_op.register_fake
+def _attention_quantized_fake(q: Tensor, k: Tensor, v: Tensor, *rest: Any) -> tuple[Tensor, Tensor]:
+    return _results(q, v)
+
+
+def _setup_quantized(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    q, k, v, k_scale, v_scale, kv_format, bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, _, seed = (
+        inputs
+    )
+    out, lse = output
+    saved = (q, k, v, k_scale, v_scale, out, lse, seed, *([] if bias is None else [bias]), *mask_data, *mod_tables)
+    ctx.save_for_backward(*saved)
+    ctx.statics = (kv_format, bias is not None, len(mask_data), mask_code, lead, mods_code, scale)
+
+
+def _backward_quantized(ctx: Any, dout: Tensor, dlse: Tensor | None) -> tuple[Any, ...]:
+    """q's gradient: FlashAttention-2's backward over the dequantized cache (the values the forward
+    attended); the codes and scales are inference state and get none."""
+    kv_format, has_bias, n_mask, mask_code, lead, mods_code, scale = ctx.statics
+    q, k, v, k_scale, v_scale, out, lse, seed, *rest = ctx.saved_tensors
+    bias = rest.pop(0) if has_bias else None
+    mask_data, mod_tables = rest[:n_mask], rest[n_mask:]
+    kf, vf = dequantized(k, k_scale, kv_format, q.dtype), dequantized(v, v_scale, kv_format, q.dtype)
+    call = (bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, 0.0, seed)
+    dq, _, _ = torch.ops.qkv.attention_backward(dout, dlse, q, kf, vf, out, lse, *call)
+    # one entry per input: q, k, v, k_scale, v_scale, kv_format, then the call (lists for list inputs)
+    none_call = (None, None, [None] * n_mask, None, None, [None] * len(mod_tables), None, None, None)
+    return (dq.to(q.dtype), None, None, None, None, None, *none_call)
+
+
+attention_quantized_op.register_autograd(_backward_quantized, setup_context=_setup_quantized)

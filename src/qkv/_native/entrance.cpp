@@ -397,17 +397,9 @@ void check_call(KernelCall& c, const CallArgs& a) {
 
 DType acc_dtype(DType d) { return d == DType::f64 ? DType::f64 : DType::f32; }
 
-// The kernels read K and V in q's dtype until the quantized cache's readers land (decode.hpp).
-void refuse_unread_kv_format(const Params& P) {
-  if (P.kv_format != KvFormat::native)
-    argument_error(std::string("the compiled kernel does not read kv_format=") + kv_format_name(int64_t(P.kv_format)) +
-                   " yet");
-}
-
 void check_forward(KernelCall& c, const CallArgs& a) {
   check_call(c, a);
   Params& P = c.P;
-  refuse_unread_kv_format(P);
   const DType acc = acc_dtype(P.dtype);
   check_result(a.out, "out", {P.B, P.H, P.Nq, P.Dv}, kOut, P.dtype);
   check_result(a.lse, "lse", {P.B, P.H, P.Nq}, kLse, acc);
