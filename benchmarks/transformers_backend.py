@@ -19,7 +19,10 @@ static cache: the prefill writes into a cache longer than the prompt), ``dynamic
 ``static`` (one decode step after N tokens, the model's forward of one token against a dynamic or
 a static cache; the caches grow by one token a round, alike for every backend), ``generate``
 (16 greedy tokens after N, static cache) and ``train`` (one training step at N: forward, loss,
-backward). ``--kinds`` picks among them.
+backward). ``int8`` and ``int8-static``: the decode step with qkv reading a
+``qkv.integrations.transformers.QuantizedCache`` (int8 codes and scales; dynamic, or static
+slots) while sdpa and free keep the model's own float cache (issue 31: the int8 step against
+sdpa's bf16 step). ``--kinds`` picks among them (all but the int8 ones by default).
 
 ``--dtype`` (``--dtypes`` for ``--paths``): ``float32``; ``bfloat16`` (the model's weights in
 bfloat16, as ``from_config(..., dtype=torch.bfloat16)``; a training step's backward then runs in
@@ -56,6 +59,7 @@ BACKENDS = ("qkv", "sdpa", "flex_attention", "eager")  # and "free": attention a
 MODELS = ("mistral", "llama")
 DTYPES = ("float32", "bfloat16", "autocast")
 KINDS = ("prefill", "prefill+1", "dynamic", "static", "generate", "train")
+QUANTIZED_KINDS = ("int8", "int8-static")  # qkv reads a QuantizedCache; sdpa and free a float one
 CLOCK = {"now": time.perf_counter}  # --clock cpu: time.process_time
 
 
@@ -196,16 +200,21 @@ def _cache_kw(model) -> str:
 def step(model, n: int, cache: str, steps: int, dtype: str = "float32"):
     """One decode step after ``n`` tokens: the model's forward of one token against a ``dynamic``
     or ``static`` cache (room for ``steps`` more), filled by a prefill here, outside the timing.
-    Each call appends one token, so the cache grows alike for every backend of a round."""
+    Each call appends one token, so the cache grows alike for every backend of a round. ``int8``
+    / ``int8-static``: qkv's ``QuantizedCache`` for the qkv model, the float one for the others."""
     import torch
     from transformers import DynamicCache, StaticCache
 
+    from qkv.integrations.transformers import QuantizedCache
+
     ids = tokens(n)
-    kv = (
-        StaticCache(config=model.config, max_cache_len=n + steps)
-        if cache == "static"
-        else DynamicCache(config=model.config)
-    )
+    static = cache in ("static", "int8-static")
+    if cache in QUANTIZED_KINDS and model.config._attn_implementation == "qkv":
+        kv = QuantizedCache(model.config, dtype="int8", max_cache_len=n + steps if static else None)
+    elif static:
+        kv = StaticCache(config=model.config, max_cache_len=n + steps)
+    else:
+        kv = DynamicCache(config=model.config)
     with torch.no_grad(), compute(dtype):
         nxt = [model(ids, use_cache=True, **{_cache_kw(model): kv}).logits[:, -1:].argmax(-1)]
 
@@ -296,7 +305,7 @@ def paths(a) -> None:
                             return lambda: prefill(m, n, dtype)
                         if kind == "train":
                             return lambda: train_step(m, n, dtype)
-                        if kind in ("dynamic", "static"):
+                        if kind in ("dynamic", "static", *QUANTIZED_KINDS):
                             return lambda: step(m, n, kind, budget, dtype)
                         return lambda: generate_static(m, n, 1 if kind == "prefill+1" else 16, dtype)
 
@@ -322,7 +331,7 @@ def main() -> None:
     p.add_argument("--paths", action="store_true", help="only issue 31's paths (see above)")
     p.add_argument("--lengths", nargs="+", type=int, default=[1024, 4096, 16384], help="--paths: N")
     p.add_argument("--dtypes", nargs="+", choices=DTYPES, default=["float32", "bfloat16"], help="--paths")
-    p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="--paths")
+    p.add_argument("--kinds", nargs="+", choices=KINDS + QUANTIZED_KINDS, default=list(KINDS), help="--paths")
     p.add_argument("--memory", action="store_true", help="also measure peak memory of one prefill")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     a = p.parse_args()
