@@ -2,9 +2,12 @@
 
 ``candidates(model, config, padded, g)`` reads the class's ``main_input_name`` and its forward's
 signature and yields input sets, the likeliest first: token ids with a padding mask, pixel values
-(``num_channels`` x ``image_size`` of the vision config), audio features or raw waveforms, bounding
-boxes, image grids; decoder ids for encoder-decoders (never for decoder-only models); both sides
-of vision-text models. The sweep takes the first set eager accepts, so a layout a model reads
+(``num_channels`` x ``image_size`` of the vision config) and clips of frames, audio features or
+raw waveforms, an audio or vision LM's clips and images behind as many placeholder tokens as the
+model's own features of them, bounding boxes, image grids, time series, embeddings where a model
+takes them instead of ids (a Q-Former's queries); decoder ids for encoder-decoders (never for
+decoder-only models); both sides of vision-text models. ``prepare`` sets what a processor or user
+sets before the first forward (X-MOD's language). The sweep takes the first set eager accepts, so a layout a model reads
 differently (``(B, mel, frames)`` for Whisper, ``(B, frames, features)`` for Speech2Text) is found,
 not guessed per model.
 """
