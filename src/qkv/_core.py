@@ -1,7 +1,7 @@
 """``qkv.attention``, ``qkv.attention_backward`` and ``qkv.dispatch``: validate, normalise, dispatch.
 
 The first lines turn the contract's shortcuts into one ``Mask``, one float bias and one
-``ScoreMod`` (``_impls.build_call``); ``_impls.dispatch`` picks the impl and says why; the impl
+``ScoreMod`` (``_impls.build_call``); ``_impls.plan`` decides the impl and engine and says why; the impl
 computes ``Result(out, weights, lse)``; only the last line picks the tuple API.md promises.
 """
 

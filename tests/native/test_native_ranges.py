@@ -122,7 +122,7 @@ def test_dropout_with_ranges_and_gqa(isa, rng, h, hkv):
 
 
 def test_tile_classes_and_bitmaps_with_gqa(isa, rng):
-    # arbitrary masks keep the lead's tile grid; per-head classes looked up per lane of a stacked item
+    # arbitrary masks keep the tile grid of the mask's plan; per-head classes looked up per lane of a stacked item
     b, h, hkv, nq, nk = 2, 4, 1, 70, 290
     q, k, v = make_qkv(rng, b, h, hkv, nq, nk, 16, 16)
     bq, bk = native.tile_shape(nq, nk, 16, 16, "float64")
