@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 from importlib import metadata
 from pathlib import Path
 
@@ -36,10 +37,12 @@ def locked() -> dict[str, str]:
 
 
 def installed() -> dict[str, str]:
-    """name -> version of each distribution Python imports (the first on ``sys.path``; setuptools,
-    once imported, puts vendored copies of packaging and platformdirs after site-packages)."""
+    """name -> version of each distribution installed in this environment's site-packages (not
+    whatever ``sys.path`` holds at the time: setuptools, once imported by an earlier test, appends its
+    vendored copies of jaraco, wheel, packaging and platformdirs, which nobody installed)."""
     out: dict[str, str] = {}
-    for dist in metadata.distributions():
+    site = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    for dist in metadata.distributions(path=site):
         out.setdefault(canonical(dist.metadata["Name"]), dist.version)
     return out
 
