@@ -75,6 +75,61 @@ def overflow_error(
     )
 
 
+def _largest(x: Array) -> float:
+    return float(np.max(np.abs(to_numpy(x).astype(np.float64)))) if math.prod(x.shape) else 0.0
+
+
+def gradient_overflow_error(
+    q: Array,
+    k: Array,
+    v: Array,
+    dout: Array,
+    scale: float,
+    rows: int,
+    *,
+    dlse: Array | None = None,
+    score_mod: Any = None,
+) -> ArgumentError:
+    """The backward's error for finite inputs whose gradients came out non-finite, with the bounds
+    that show what overflowed (looked at only on this error path). From ``sum_j P_ij = 1``:
+    ``|dP| <= Dv·max|dO|·max|v|`` and ``sum_j |dS_ij| <= 2·|dP| + max|dlse|`` (times a mod's
+    derivative), so ``|dQ| <= |scale|·(2·|dP| + max|dlse|)·max|k|``, ``|dK|`` that times
+    ``max|q|·Nq·H/Hkv`` instead of ``max|k|``, ``|dV| <= max|dO|·Nq·H/Hkv``; the scores as in
+    ``overflow_error``."""
+    f64 = dtype_name(q) == "float64"
+    limit = float(np.finfo(np.float64 if f64 else np.float32).max)
+    name = "float64" if f64 else "float32"
+    mq, mk, mv, mo = (_largest(x) for x in (q, k, v, dout))
+    sc = abs(scale)
+    if mq * mk * q.shape[-1] * sc >= limit:
+        return overflow_error(q, k, scale, rows, score_mod=score_mod)
+    share = q.shape[-2] * max(1, (q.shape[-3] if q.ndim >= 3 else 1) // max(1, k.shape[-3] if k.ndim >= 3 else 1))
+    dp = v.shape[-1] * mo * mv
+    ds = 2 * dp + (0.0 if dlse is None else _largest(dlse))
+    bounds = {"dQ": sc * ds * mk, "dK": sc * ds * mq * share, "dV": mo * share}
+    where = f"{rows} row{'s' if rows != 1 else ''}"
+    over = {n: b for n, b in bounds.items() if not b < limit}
+    facts = (
+        f"max |q| = {mq:.3g}, max |k| = {mk:.3g}, max |v| = {mv:.3g}, max |dout| = {mo:.3g}, scale = {scale:.3g}, "
+        f"Dv = {v.shape[-1]}: |dP| = |dO·vᵀ| <= {dp:.3g}"
+    )
+    if over:
+        shown = ", ".join(f"|{n}| up to {b:.3g}" for n, b in over.items())
+        return ArgumentError(
+            f"the gradients overflow {name} in {where} ({facts}, so {shown} > {limit:.3g}); scale dout, v or the "
+            "scale down" + ("" if f64 else ", or compute in float64")
+        )
+    if score_mod is not None:
+        return ArgumentError(
+            f"the score mod {score_mod.name} made gradients NaN or infinite in {where} although every input is "
+            f"finite and no gradient can overflow {name} ({facts}): look at what it computes and its derivative"
+        )
+    return ArgumentError(
+        f"the gradients came out NaN or infinite in {where} although every input is finite and none can "
+        f"overflow {name} ({facts}); this is a bug of qkv's compiled kernel: please report it with the call"
+    )
+
+
 def check_overflow(
     xp: Any, out: Array, *arrays: Any, scale: float, lse: Array | None = None, score_mod: Any = None
 ) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import _native as native
 from .._backend import dtype_name, is_jax, is_traced, kind, namespace, unbroadcast
-from .._finite import overflow_error
+from .._finite import gradient_overflow_error, overflow_error
 from .._heads import cast
 from .._typing import Array, Result
 from ._call import Call, Plan
@@ -175,7 +175,9 @@ def _backward(h: _Host, dout: Array, c: Call, p: Plan, out: Array, lse: Array, d
     dq = h.empty((b, nh, d.nq, d.dk), acc)
     dk = h.empty((b, hkv, d.nk, d.dk), acc)
     dv = h.empty((b, hkv, d.nk, d.dv), acc)
-    _check(c, native.backward(q, k, v, o, lse3, do, dq, dk, dv, dlse=dl, **a.keywords())[1])
+    overflowed = native.backward(q, k, v, o, lse3, do, dq, dk, dv, dlse=dl, **a.keywords())[1]
+    if overflowed:  # finite inputs, non-finite gradients: what overflowed, with its numbers
+        raise gradient_overflow_error(c.q, c.k, c.v, dout, c.scale, overflowed, dlse=dlse, score_mod=c.score_mod)
     return dq, dk, dv
 
 

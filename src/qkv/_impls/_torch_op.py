@@ -27,7 +27,7 @@ from torch import Tensor
 
 from .. import _native as native
 from .. import masks
-from .._finite import overflow_error
+from .._finite import gradient_overflow_error, overflow_error
 from .._native import KernelMod, KvFormat
 from ..errors import ArgumentError, MaskError
 from ._kernel_args import KernelArgs, kernel_args
@@ -147,7 +147,9 @@ def attention_backward_op(
     a = _kernel_args(q, k, v, call)
     q_, k_, v_, o_, lse_, do_ = (x.detach() for x in (q, k, v, out, lse, dout.contiguous()))
     dl = None if dlse is None else dlse.detach()
-    _check(native.backward(q_, k_, v_, o_, lse_, do_, dq, dk, dv, dlse=dl, **a.keywords()), q, k, a)
+    overflowed = native.backward(q_, k_, v_, o_, lse_, do_, dq, dk, dv, dlse=dl, **a.keywords())[1]
+    if overflowed:  # finite inputs, non-finite gradients: what overflowed, with its numbers
+        raise gradient_overflow_error(q, k, v, dout, a.scale, overflowed, dlse=dlse)
     return dq, dk, dv
 
 

@@ -201,6 +201,18 @@ static inline typename Compute<T>::type row_delta(const Params& P, int64_t b, in
   return C(acc);
 }
 
+// Whether a non-finite D_i = rowsum(dO o O) - dlse_i comes from finite O, dO and dlse: their sum
+// overflowed the compute type, which is reported as an overflow (the row's gradients come out
+// non-finite and are counted) instead of being sent along the row's edges as a non-finite input's
+// NaN, silently. Runs only for a row whose D is not finite.
+template <class T>
+__attribute__((noinline)) static bool delta_overflowed(const Params& P, int64_t b, int64_t h, int64_t i) {
+  const T* orow = static_cast<const T*>(P.out_s.data) + b * P.out_s.s0 + h * P.out_s.s1 + i * P.out_s.s2;
+  const T* drow = static_cast<const T*>(P.dout) + b * P.dout_s.s0 + h * P.dout_s.s1 + i * P.dout_s.s2;
+  const double dl = P.dlse ? load_any(P.dlse, b * P.dlse_s.s0 + h * P.dlse_s.s1 + i * P.dlse_s.s2, P.dlse_dtype) : 0;
+  return storage_finite(orow, P.Dv) && storage_finite(drow, P.Dv) && std::isfinite(dl);
+}
+
 // The dot products of the backward tile loop below (bwd_tiles), on compute-type operands:
 // microkernel.hpp's gemm16 / gemm16x2 on K and V read in place (widened per tile when stored
 // narrower), Q^T and dO^T [D][16] per lane group and the block's Q, dO rows. kernels_avx512bf16.cpp
@@ -447,14 +459,21 @@ __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, 
             const int64_t row = (b * P.H + h) * P.Nq + L.i[l];
             const C x = l < L.n ? lse[b * P.lse_s.s0 + h * P.lse_s.s1 + L.i[l] * P.lse_s.s2] : C(-INFINITY);
             const C dx = l < L.n ? drow_dot[lg * kLanes + l] : C(0);
-            bool sends_nan =
-                l < L.n && (fl[l] || row_bad[lg * kLanes + l] || !(x == x) || x == C(INFINITY) || !std::isfinite(dx));
+            bool sends_nan = l < L.n && (fl[l] || row_bad[lg * kLanes + l] || !(x == x) || x == C(INFINITY) ||
+                                         (!std::isfinite(dx) && !delta_overflowed<T>(P, b, h, L.i[l])));
             // a row that saw no key (lse = -inf) must get P = 0: exp2(s - inf); so does one sending NaN
             // lse in the scores' units (mods.hpp): natural as it is; in log2 units as hi + lo, since
             // rounded to one float lse log2 e would shift every P of the row by up to half its ulp
             // (3.8e-6 relative at |lse| ~ 50); s - hi is exact near the row's max
             lse2[lg][l] = (x == C(-INFINITY) || sends_nan) ? C(INFINITY) : C(double(x) * kl);
             lse2_lo[lg][l] = std::isfinite(lse2[lg][l]) ? C(double(x) * kl - double(lse2[lg][l])) : C(0);
+            if (P.lse_rows && std::isfinite(lse2[lg][l])) {  // the row's own (m, log l): kernels_impl.hpp's refine_lse
+              const C* f = static_cast<const C*>(P.lse_rows) + 2 * row;
+              if (f[0] == f[0]) {
+                lse2[lg][l] = f[0];
+                lse2_lo[lg][l] = f[1];
+              }
+            }
             dd[lg][l] = sends_nan ? C(0) : dx;
             if (!sends_nan) continue;
             bool touched = false;

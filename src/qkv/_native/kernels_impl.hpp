@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <ctime>
+#include <limits>
 
 namespace qkv_native {
 inline namespace QKV_NS {
@@ -142,9 +143,143 @@ static void bwd_task(void* ctx, int tid) {
   }
 }
 
+// ------------------------------------------------------------------ lse too large for its dtype
+
+// The backward rebuilds P = exp(s - lse) from the saved lse, so lse's rounding is an error in every
+// exponent of its row: half an ulp of lse, which reaches 2^-16 of P at |lse| >= 2^(digits - 16)
+// (256 in float32) and at |lse| ~ 1e10 (scale 2^28) made P = 2^+-1000: inf (dQ read as an overflow
+// of finite inputs) or 0 (zero gradients, silently). Such rows get their (m, l) again from the
+// forward's own tile loop over their keys, kept apart (m as it is, log l separately; both in score
+// units: mods.hpp), so that exp2((s - m - log l) u) is as exact as the forward's exp2((s - m) u) / l
+// and made of the same scores. So do the rows of a call the forward ran on the decode path
+// (Nq <= kDecodeMaxNq): its dot products sum d across lanes, so its lse differs from the scores this
+// backward rebuilds by a few ulps of |s| (P up to 6x torch's float32 error at Nq = 1, Dk = 256); its
+// extra pass costs little beside a backward over every key for so few rows.
+// The refined row keeps what the given lse holds beyond this kernel's keys (attention_backward with
+// sinks: their mass) where that exceeds what rounding may explain (two sums of Dk products of |q|
+// and |k| in another order); within it, the given lse's difference is rounding, and is dropped.
 template <class T>
-static bool backward_impl(const Params& P) {
+struct LseJob {
   using C = typename Compute<T>::type;
+  const Params* P = nullptr;
+  Arena arena;
+  int64_t* blocks = nullptr;  // (b * H + h) * lane groups + lane group, holding a row to refine
+  int64_t n = 0, next = 0;
+  double score_bound = 0;       // max |k| |scale| (times the mods' factors): a score per unit of |q|_1
+  C* rows = nullptr;            // (B*H*Nq, 2): m, log l; m NaN where the given lse stays
+  uint8_t* kv_state = nullptr;  // the forward's K/V tile verdicts (finite.hpp), for its tile loop
+  LseJob() = default;
+  LseJob(const LseJob&) = delete;  // owns its buffers: a copy would free them twice
+  LseJob& operator=(const LseJob&) = delete;
+  ~LseJob() {
+    std::free(blocks);
+    std::free(rows);
+    std::free(kv_state);
+  }
+};
+
+template <class T>
+static void lse_task(void* ctx, int tid) {
+  using C = typename Compute<T>::type;
+  LseJob<T>& J = *static_cast<LseJob<T>*>(ctx);
+  const Params& P = *J.P;
+  FwdBufs<T> S;
+  S.carve(P, J.arena.at(tid));
+  const int64_t nlg = (P.Nq + kLanes - 1) / kLanes, group = P.H / P.Hkv;
+  const double unit = score_unit(P);
+  const C* lse = static_cast<const C*>(P.lse_s.data);
+  for (;;) {
+    const int64_t it = __atomic_fetch_add(&J.next, 1, __ATOMIC_RELAXED);
+    if (it >= J.n) break;
+    const int64_t blk = J.blocks[it], i0 = blk % nlg * kLanes, h = blk / nlg % P.H, b = blk / nlg / P.H;
+    LaneGroup lg;
+    lg.b = b;
+    lg.g = h / group;
+    lg.n = int(imin(kLanes, P.Nq - i0));
+    for (int l = 0; l < kLanes; ++l) {
+      lg.h[l] = h;
+      lg.i[l] = i0 + (l < lg.n ? l : 0);
+    }
+    int64_t ka, kz;
+    row_key_range(P, &lg, 1, ka, kz);
+    if (P.tile_class) ka = ka / P.bk * P.bk;
+    uint8_t fl[1][kLanes] = {};
+    fwd_rowset<T>(P, S, &lg, 1, ka, kz, fl);
+    for (int l = 0; l < lg.n; ++l) {
+      const C m = S.ml[l], sum = S.ml[kLanes + l];
+      if (fl[0][l] || !(sum > C(0)) || !std::isfinite(m) || !std::isfinite(sum)) continue;
+      const double given = double(lse[b * P.lse_s.s0 + h * P.lse_s.s1 + (i0 + l) * P.lse_s.s2]);
+      const double log_l = std::log2(double(sum)), excess = given - (double(m) * unit + log_l) * kLn2;
+      // what the scores' rounding may move lse by: two sums of Dk products in any order
+      const T* qrow = static_cast<const T*>(P.q.data) + b * P.q.s0 + h * P.q.s1 + (i0 + l) * P.q.s2;
+      double q1 = 0;
+      for (int64_t d = 0; d < P.Dk; ++d) q1 += std::fabs(double(to_c<C>(qrow[d])));
+      const double slack = 2 * double(P.Dk) * double(std::numeric_limits<C>::epsilon()) * q1 * J.score_bound +
+                           4 * double(std::numeric_limits<C>::epsilon()) * std::fabs(given);
+      C* f = J.rows + 2 * ((b * P.H + h) * P.Nq + i0 + l);
+      f[0] = m;
+      f[1] = C((log_l + (excess > slack ? excess * kLog2e : 0.0)) / unit);  // beyond the rounding: sinks' mass
+    }
+  }
+}
+
+// The rows (kernels_impl.hpp's LseJob) refined for P's backward: Q.lse_rows set when some row needs
+// it. Returns false only when out of memory.
+template <class T>
+static bool refine_lse(const Params& P, Params& Q, LseJob<T>& J) {
+  using C = typename Compute<T>::type;
+  const C big = C(std::ldexp(1.0, std::numeric_limits<C>::digits - 16));
+  const C* lse = static_cast<const C*>(P.lse_s.data);
+  const int64_t nlg = (P.Nq + kLanes - 1) / kLanes;
+  for (int pass = 0; pass < 2; ++pass) {  // count, then list
+    J.n = 0;
+    for (int64_t bh = 0; bh < P.B * P.H; ++bh)
+      for (int64_t g = 0; g < nlg; ++g)
+        for (int64_t i = g * kLanes; i < imin(P.Nq, (g + 1) * kLanes); ++i) {
+          const C x = lse[bh / P.H * P.lse_s.s0 + bh % P.H * P.lse_s.s1 + i * P.lse_s.s2];
+          if (!std::isfinite(x) || (std::fabs(x) < big && P.Nq > kDecodeMaxNq)) continue;
+          if (pass) J.blocks[J.n] = bh * nlg + g;
+          ++J.n;
+          break;
+        }
+    if (J.n == 0) return true;
+    if (!pass) {
+      J.blocks = static_cast<int64_t*>(std::malloc(sizeof(int64_t) * size_t(J.n)));
+      if (!J.blocks) return false;
+    }
+  }
+  double kmax = 0, factor = std::fabs(P.scale);
+  for (int64_t b = 0; b < P.B; ++b)
+    for (int64_t g = 0; g < P.Hkv; ++g)
+      for (int64_t j = 0; j < P.Nk; ++j) {
+        const T* kr = static_cast<const T*>(P.k.data) + b * P.k.s0 + g * P.k.s1 + j * P.k.s2;
+        for (int64_t d = 0; d < P.Dk; ++d) {
+          const double a = std::fabs(double(to_c<C>(kr[d])));
+          if (a > kmax && std::isfinite(a)) kmax = a;
+        }
+      }
+  for (int k = 0; k < P.n_mods; ++k)
+    if (P.mods[k].kind == MOD_MUL) factor *= std::fmax(1.0, std::fabs(P.mods[k].c));
+  J.score_bound = kmax * factor;
+  const int64_t rows = P.B * P.H * P.Nq;
+  J.rows = static_cast<C*>(std::malloc(sizeof(C) * size_t(2 * rows)));
+  J.kv_state = static_cast<uint8_t*>(std::calloc(size_t(P.B * P.Hkv * P.nbk), 1));
+  Q.kv_state = J.kv_state;
+  J.P = &Q;
+  const int nt = int(imax(1, imin(P.parallel ? P.threads : 1, J.n)));
+  if (!J.rows || !J.kv_state || !J.arena.alloc(nt, FwdBufs<T>::bytes(Q))) return false;
+  for (int64_t r = 0; r < 2 * rows; ++r) J.rows[r] = C(NAN);
+  run_parallel(Q, nt, &lse_task<T>, &J);
+  Q.lse_rows = J.rows;
+  return true;
+}
+
+template <class T>
+static bool backward_impl(const Params& P0) {
+  using C = typename Compute<T>::type;
+  Params P = P0;
+  LseJob<T> refined;
+  if (!refine_lse<T>(P0, P, refined)) return false;
   BwdJob<T> J;
   J.P = &P;
   J.nkb = (P.Nk + P.bk - 1) / P.bk;

@@ -114,6 +114,9 @@ struct Params {
   int64_t* counts = nullptr;
   // forward: one byte per aligned K/V tile (B, Hkv, nbk), the tile's non-finite verdict (finite.hpp)
   uint8_t* kv_state = nullptr;
+  // backward, set by the kernel itself: (B*H*Nq, 2) compute-type (m, log l) of the rows whose lse is
+  // too large for its dtype (kernels_impl.hpp, refine_lse); NaN m: the row uses lse as given
+  const void* lse_rows = nullptr;
 };
 
 // One table per ISA translation unit (kernels_<isa>.cpp); dispatch.cpp picks one.
