@@ -10,7 +10,7 @@ commit's kernel against the installed one, build the commit into a separate dire
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/ab_kernel.py --a $(find /tmp/old/build -name '_ext*.so')
 
 ``--b`` defaults to the installed module; ``--cases bwd,decode`` runs the cases whose names hold
-one of those strings. Ratio > 1: B is slower. Float32, B=1, H=8, D=64.
+one of those strings. Ratio > 1: B is slower. Float32, B=1, H=8, D=64 unless the case names another.
 """
 
 from __future__ import annotations
@@ -22,8 +22,13 @@ import subprocess
 import sys
 import time
 
-CASES = {  # name -> (Nq, Nk, causal, backward, softcap, Hkv)
+CASES = {  # name -> (Nq, Nk, causal, backward, softcap, Hkv[, D = 64[, scale]])
     "dense fwd N=4096": (4096, 4096, False, False, None, 8),
+    "dense fwd N=2048 D=128": (2048, 2048, False, False, None, 8, 128),
+    "dense fwd N=2048 D=256": (2048, 2048, False, False, None, 8, 256),
+    "causal fwd+bwd N=1024 D=128": (1024, 1024, True, True, None, 8, 128),
+    "decode rows fwd+bwd Nq=16 Nk=8192": (16, 8192, False, True, None, 8),
+    "large scores fwd+bwd N=1024 scale=64": (1024, 1024, True, True, None, 8, 64, 64.0),
     "causal fwd N=8192": (8192, 8192, True, False, None, 8),
     "dense fwd+bwd N=2048": (2048, 2048, False, True, None, 8),
     "causal GQA 8/2 fwd+bwd N=2048": (2048, 2048, True, True, None, 2),
@@ -49,10 +54,11 @@ def worker() -> None:
         if CASES[name] is None:  # seconds per GFLOP, best of 3
             print(json.dumps(1 / max(qkv._native._ext._microbench(3, 20000) for _ in range(3))), flush=True)
             continue
-        nq, nk, causal, bwd, cap, hkv = CASES[name]
-        kw = {"causal": causal, "score_mod": None if cap is None else scores.softcap(cap)}
+        nq, nk, causal, bwd, cap, hkv, *rest = CASES[name]
+        d, scale = (rest[0] if rest else 64), (rest[1] if len(rest) > 1 else None)
+        kw = {"causal": causal, "score_mod": None if cap is None else scores.softcap(cap), "scale": scale}
         if name not in made:
-            made[name] = [torch.randn(1, h, n, 64, generator=g) for h, n in ((8, nq), (hkv, nk), (hkv, nk), (8, nq))]
+            made[name] = [torch.randn(1, h, n, d, generator=g) for h, n in ((8, nq), (hkv, nk), (hkv, nk), (8, nq))]
         q, k, v, do = made[name]
         best = float("inf")
         for _ in range(3):

@@ -142,3 +142,75 @@ def test_near_one_hot_rows_keep_float32_gradients_within_flash_attns_rule(engine
 
     ref, peer32 = (_peer(q, k, v, do, dt, mod, allowed) for dt in (torch.float64, torch.float32))
     _check(_ours(q, k, v, do, engine, **kw), peer32, ref, (3, 3, 3, 3))
+
+
+def _peer_masked(q, k, v, do, dtype, allowed, cap, scale):
+    """The float32 (or float64) peer of a generated case: grouped heads repeated, softcap, a mask
+    whose empty rows give zeros."""
+    t = [x.detach().to(dtype).requires_grad_(True) for x in (q, k, v)]
+    g = q.shape[1] // k.shape[1]
+    s = t[0] @ t[1].repeat_interleave(g, 1).mT * scale
+    s = s if not cap else cap * torch.tanh(s / cap)
+    rows = allowed.any(-1, keepdim=True)
+    o = (torch.softmax(s.masked_fill(~allowed & rows, float("-inf")), -1) * rows) @ t[2].repeat_interleave(g, 1)
+    (o * do.to(dtype)).sum().backward()
+    return [o.detach(), *(x.grad for x in t)]
+
+
+def _outside_cases(n=40, seed=33, rows=(17, 65, 129, 200)):
+    """Issue 33's outside cases, generated (not a hand list): long feature reductions (Dk 128-256,
+    where one FMA chain per lane measured 2-4x torch's float32 error), query rows of the tile loop
+    (above the decode threshold, kDecodeMaxNq = 16) within and across tiles, grouped heads, causal /
+    window / no mask, scales of either sign, softcap. Each: (nq, nk, dk, dv, h, hkv, scale, mask,
+    softcap)."""
+    r = np.random.default_rng(seed)
+    for _ in range(n):
+        dk = int(r.choice([128, 200, 256]))
+        hkv = int(r.choice([1, 2]))
+        yield (
+            int(r.choice(rows)),
+            int(r.choice([64, 129, 257])),
+            dk,
+            int(r.choice([15, 64, 128])),
+            hkv * int(r.choice([1, 3])),
+            hkv,
+            float(r.choice([dk**-0.5, -0.5, 0.25])),
+            str(r.choice(["none", "causal", "window"])),
+            float(r.choice([0.0, 50.0])),
+        )
+
+
+def _flash_attn_rule(ours, peer32, ref, names=("out", "dq", "dk", "dv"), factors=None):
+    """flash-attn's rule (tests/cute/test_flash_attn.py): the largest and the mean error each at most
+    ``factor`` x the float32 peer's plus the rounding of the reference (2 ulps of it)."""
+    for name, a, p, r, f in zip(names, ours, peer32, ref, factors or (2,) * len(names), strict=True):
+        err, peer = (a.double() - r).abs(), (p.double() - r).abs()
+        rounding = 2 * ULP * r.abs()
+        assert err.max() <= f * peer.max() + rounding.max(), f"{name}: max {err.max():.3g} > {f} x {peer.max():.3g}"
+        assert err.mean() <= f * peer.mean() + rounding.mean(), (
+            f"{name}: mean {err.mean():.3g} > {f} x {peer.mean():.3g}"
+        )
+
+
+def _outside_case(case, isa, backward=True):
+    nq, nk, dk, dv, h, hkv, scale, mask_name, cap = case
+    g = torch.Generator().manual_seed(nq * nk + dk)
+    q, k, v, do = (
+        torch.randn(1, a, n, d, generator=g) for a, n, d in ((h, nq, dk), (hkv, nk, dk), (hkv, nk, dv), (h, nq, dv))
+    )
+    mask = {"none": None, "causal": masks.causal(), "window": masks.sliding_window(33)}[mask_name]
+    dense = np.ones((nq, nk), bool) if mask is None else mask.dense(nq, nk)
+    allowed = torch.as_tensor(np.broadcast_to(dense, (1, h, nq, nk)).copy())
+    ref, peer32 = (_peer_masked(q, k, v, do, dt, allowed, cap, scale) for dt in (torch.float64, torch.float32))
+    kw = {"mask": mask, "scale": scale, "score_mod": scores.softcap(cap) if cap else None}
+    with _native.use_isa(isa):
+        if backward:
+            return _ours(q, k, v, do, "native", **kw), peer32, ref
+        return [qkv._core.run(build_call(q, k, v, engine="native", **kw), "flash").out], peer32[:1], ref[:1]
+
+
+@needs_native
+@pytest.mark.parametrize("isa", _native.isas() if _native.available() else [])
+@pytest.mark.parametrize("case", list(_outside_cases()), ids=lambda c: "-".join(str(x)[:6] for x in c))
+def test_long_feature_reductions_keep_the_forward_within_flash_attns_rule_on_every_isa_path(isa, case):
+    _flash_attn_rule(*_outside_case(case, isa, backward=False), names=("out",))
