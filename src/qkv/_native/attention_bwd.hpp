@@ -27,22 +27,14 @@ namespace qkv_native {
 inline namespace QKV_NS {
 
 template <class T>
-struct BwdBufs {
+struct BwdBufs : Scratch<BwdBufs<T>> {
   using C = typename Compute<T>::type;
   C *kc, *vc, *dka, *dva, *qs, *dos, *qt, *dot, *pt, *dst, *dfac, *addt, *zt, *dqt;
   C *dkc, *dvc;                          // the Kahan carries of dK, dV (microkernel.hpp)
   uint16_t *kpair, *dspair;              // bf16 dot products only (kernels_avx512bf16.cpp): K, dS^T key pairs
   static constexpr int64_t W = kBlockQ;  // row stride of the block-wide P^T / dS^T tiles
   static constexpr bool kPairs = std::is_same_v<T, bf16_t>;
-  static size_t bytes(const Params& P) {
-    const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes);
-    const int64_t e = 2 * P.bk * dkp + 2 * P.bk * dvp + W * dkp + W * dvp + 4 * P.Dk * kLanes + 4 * P.Dv * kLanes +
-                      4 * P.bk * W + P.bk * kLanes + W * dkp + P.bk * dkp + P.bk * dvp;
-    const int64_t pairs = kPairs ? round_up(P.bk, 2) * dkp + 4 * round_up(P.bk, 2) * kLanes : 0;
-    return size_t(e) * sizeof(C) + size_t(pairs) * sizeof(uint16_t) + 22 * 64;
-  }
-  void carve(const Params& P, char* p) {
-    Carver c{p};
+  void lay(const Params& P, Carver& c) {
     const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes);
     kc = c.take<C>(P.bk * dkp);
     vc = c.take<C>(P.bk * dvp);
@@ -50,8 +42,8 @@ struct BwdBufs {
     dva = c.take<C>(P.bk * dvp);
     qs = c.take<C>(W * dkp);
     dos = c.take<C>(W * dvp);
-    qt = c.take<C>(4 * P.Dk * kLanes);
-    dot = c.take<C>(4 * P.Dv * kLanes);
+    qt = c.take<C>(kLaneGroups * P.Dk * kLanes);
+    dot = c.take<C>(kLaneGroups * P.Dv * kLanes);
     pt = c.take<C>(P.bk * W);
     dst = c.take<C>(P.bk * W);
     dfac = c.take<C>(P.bk * W);
@@ -61,7 +53,7 @@ struct BwdBufs {
     dkc = c.take<C>(P.bk * dkp);
     dvc = c.take<C>(P.bk * dvp);
     kpair = c.take<uint16_t>(kPairs ? round_up(P.bk, 2) * dkp : 0);
-    dspair = c.take<uint16_t>(kPairs ? 4 * round_up(P.bk, 2) * kLanes : 0);
+    dspair = c.take<uint16_t>(kPairs ? kLaneGroups * round_up(P.bk, 2) * kLanes : 0);
   }
 };
 
@@ -358,9 +350,9 @@ __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, 
   const uint32_t thr = drop ? dropout_threshold(P.dropout_p) : 0;
   const C inv_keep = drop ? C(1.0 / (1.0 - P.dropout_p)) : C(1);
   const V ninf = vset1<V>(C(-INFINITY));
-  LaneGroup lgs[4];
-  TileMask tm[4];
-  ModLanes<C> ml[4];
+  LaneGroup lgs[kLaneGroups];
+  TileMask tm[kLaneGroups];
+  ModLanes<C> ml[kLaneGroups];
   const int64_t nbq = (P.Nq + P.bq - 1) / P.bq;
   for (int64_t h = g * group; h < (g + 1) * group; ++h) {
     for (int64_t qb = 0; qb < nbq; ++qb) {
@@ -373,7 +365,7 @@ __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, 
       order.publish(tid, it, sub);                     // every block before it is added or not ours
       const int64_t i0 = qb * P.bq, nr = imin(P.bq, P.Nq - i0);
       const int nlg = int((nr + kLanes - 1) / kLanes);
-      int64_t ra[4], rz[4];  // each lane group's own keys [ra, rz)
+      int64_t ra[kLaneGroups], rz[kLaneGroups];  // each lane group's own keys [ra, rz)
       for (int lg = 0; lg < nlg; ++lg) {
         LaneGroup& L = lgs[lg];
         L.b = b;
@@ -399,7 +391,7 @@ __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, 
       }
       // the keys [ca, cz) each lane group is computed over: its own, or its pair's union, from a
       // multiple of the Dot's key step; their union [ja, jz)
-      int64_t ca[4], cz[4], ja = jn, jz = 0;
+      int64_t ca[kLaneGroups], cz[kLaneGroups], ja = jn, jz = 0;
       for (int lg = 0; lg < nlg; lg += 2) {
         const bool on0 = tm[lg].mode != TILE_SKIP, on1 = lg + 1 < nlg && tm[lg + 1].mode != TILE_SKIP;
         int64_t a = on0 ? ra[lg] : (on1 ? ra[lg + 1] : 0), z = on0 ? rz[lg] : (on1 ? rz[lg + 1] : 0);
@@ -440,8 +432,8 @@ __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, 
           vstore(S.dst + jj * W + lg * kLanes, vzero<V>());
         }
       }
-      alignas(64) C lse2[4][kLanes], lse2_lo[4][kLanes], dd[4][kLanes];
-      bool has_add[4] = {};
+      alignas(64) C lse2[kLaneGroups][kLanes], lse2_lo[kLaneGroups][kLanes], dd[kLaneGroups][kLanes];
+      bool has_add[kLaneGroups] = {};
       for (int lg0 = 0; lg0 < nlg; lg0 += 2) {
         const bool on0 = tm[lg0].mode != TILE_SKIP, on1 = lg0 + 1 < nlg && tm[lg0 + 1].mode != TILE_SKIP;
         if (!on0 && !on1) continue;

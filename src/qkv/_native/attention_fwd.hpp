@@ -1,12 +1,12 @@
 // Forward tile loop: FlashAttention-2 (Dao, arXiv:2307.08691), Algorithm 1, on the CPU.
 //
-// A work item is a set of up to 4 lane groups (64 (head, query) rows sharing one kv head) and a
-// key range (tiles on the lead's BK grid when it gave tile classes; else from the range's first key). For each BK-key
-// tile of the range, each lane group computes its transposed score tile S^T (BK x 16) with the micro-kernel, turns it
-// into scores (mods, bias, mask; mods.hpp's units), updates its running max m and sum l (Alg. 1 lines 8-10: vertical
-// ops, 16 queries per vector), rescales its O^T accumulator by exp2(m_old - m_new) and adds V^T P^T. The BK x Nq score
-// matrix never exists; O is divided by l once at the end (Alg. 1 line 12), and lse = m + log l. Parallelism: items are
-// independent, handed out dynamically; each writes disjoint rows.
+// A work item is a set of up to kLaneGroups = 4 lane groups (64 (head, query) rows sharing one kv head) and a
+// key range (tiles on the BK grid of the mask's plan when it gave tile classes; else from the range's first key). For
+// each BK-key tile of the range, each lane group computes its transposed score tile S^T (BK x 16) with the
+// micro-kernel, turns it into scores (mods, bias, mask; mods.hpp's units), updates its running max m and sum l (Alg. 1
+// lines 8-10: vertical ops, 16 queries per vector), rescales its O^T accumulator by exp2(m_old - m_new) and adds V^T
+// P^T. The BK x Nq score matrix never exists; O is divided by l once at the end (Alg. 1 line 12), and lse = m + log l.
+// Parallelism: items are independent, handed out dynamically; each writes disjoint rows.
 #pragma once
 #include <cstdlib>
 
@@ -38,15 +38,36 @@ struct Arena {
   char* at(int tid) const { return base + per_thread * size_t(tid); }
 };
 
+// Cuts a thread's scratch block into buffers, each starting on a 64-byte line. A scratch struct
+// (a Scratch below) lists its buffers once, in a `lay(P, Carver&)`: run on a Carver without memory
+// it only counts (bytes: the size to allocate), run on the block it hands out the pointers (carve).
 struct Carver {
-  char* p;
+  char* p = nullptr;
   size_t used = 0;
   template <class C>
   C* take(int64_t n) {
-    C* r = reinterpret_cast<C*>(p + used);
+    C* r = p ? reinterpret_cast<C*>(p + used) : nullptr;
     used += size_t(round_up(n * int64_t(sizeof(C)), 64));
     return r;
   }
+};
+
+template <class Bufs>
+struct Scratch {
+  static size_t bytes(const Params& P) {
+    Bufs b;
+    Carver c;
+    b.lay(P, c);
+    return c.used;
+  }
+  void carve(const Params& P, char* p) {
+    Carver c{p};
+    static_cast<Bufs*>(this)->lay(P, c);
+  }
+
+ private:
+  Scratch() = default;  // only as the base of its Bufs
+  friend Bufs;
 };
 
 // ------------------------------------------------------------------ tiles of K and V
@@ -262,7 +283,7 @@ template <class C>
 __attribute__((noinline)) static void dirty_span(const Params& P, const LaneGroup* lgs, int nlg, int64_t kb, int64_t j0,
                                                  int64_t jn, C* kbuf, C* vbuf, int64_t ldkb, int64_t ldvb, const C*& kp,
                                                  int64_t& ldk, const C*& vp, int64_t& ldv, uint8_t (*fl)[kLanes]) {
-  TileMask whole[4];
+  TileMask whole[kLaneGroups];
   for (int g = 0; g < nlg; ++g) classify(P, lgs[g], kb, j0, jn, whole[g]);
   dirty_tile(P, lgs, nlg, whole, j0, jn, kbuf, vbuf, ldkb, ldvb, kp, ldk, vp, ldv, fl);
 }
@@ -270,34 +291,27 @@ __attribute__((noinline)) static void dirty_span(const Params& P, const LaneGrou
 // ------------------------------------------------------------------ the wide path
 
 template <class T>
-struct FwdBufs {
+struct FwdBufs : Scratch<FwdBufs<T>> {
   using C = typename Compute<T>::type;
   C *qt, *ot, *st, *st2, *addt, *kc, *vc, *ml, *qr, *orow;
   C *oc, *lc;  // the Kahan carries of O (wide: 4 x Dv x 16; thin: rows x dvp) and of l (microkernel.hpp)
-  static size_t bytes(const Params& P) {
-    const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes), n = 4;
-    const int64_t elems = n * P.Dk * kLanes + n * P.Dv * kLanes + 3 * P.bk * kLanes + P.bk * dkp + P.bk * dvp +
-                          2 * n * kLanes + kLanes * dkp + kLanes * dvp + oc_elems(P) + n * kLanes;
-    return size_t(elems) * sizeof(C) + 21 * 64;
-  }
-  static int64_t oc_elems(const Params& P) {
-    return imax(4 * P.Dv * kLanes, 8 * round_up(P.Dv, kLanes));  // wide: 4 lane groups; thin: <= 8 rows
-  }
-  void carve(const Params& P, char* p) {
-    Carver c{p};
+  // Per lane group: Q^T (qt), O^T (ot), m and l (ml), l's carry (lc); per tile: S^T of a pair
+  // (st, st2), the additive tile, widened K / V (kc, vc); one row's Q / O (qr, orow, the thin
+  // path); O's carry (oc: wide, every lane group's O^T; thin, up to 8 rows).
+  void lay(const Params& P, Carver& c) {
     const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes);
-    qt = c.take<C>(4 * P.Dk * kLanes);
-    ot = c.take<C>(4 * P.Dv * kLanes);
+    qt = c.take<C>(kLaneGroups * P.Dk * kLanes);
+    ot = c.take<C>(kLaneGroups * P.Dv * kLanes);
     st = c.take<C>(P.bk * kLanes);
     st2 = c.take<C>(P.bk * kLanes);
     addt = c.take<C>(P.bk * kLanes);
     kc = c.take<C>(P.bk * dkp);
     vc = c.take<C>(P.bk * dvp);
-    ml = c.take<C>(2 * 4 * kLanes);
+    ml = c.take<C>(2 * kLaneGroups * kLanes);
     qr = c.take<C>(kLanes * dkp);
     orow = c.take<C>(kLanes * dvp);
-    oc = c.take<C>(oc_elems(P));
-    lc = c.take<C>(4 * kLanes);
+    oc = c.take<C>(imax(kLaneGroups * P.Dv * kLanes, 8 * dvp));
+    lc = c.take<C>(kLaneGroups * kLanes);
   }
 };
 
@@ -360,7 +374,7 @@ struct WideDot {
   }
 };
 
-// Up to 4 lane groups of one (b, g) against keys [ka, kz) (tile-aligned ka when the lead gave
+// Up to kLaneGroups lane groups of one (b, g) against keys [ka, kz) (tile-aligned ka when the mask's plan gave
 // tile classes): the tile loop only, over the dot products of a Dot (WideDot above). It leaves m,
 // l (S.ml) and O^T (S.ot) of each lane group, and their flags in fl, for fwd_finish.
 // Kept free of everything else: cold code in this function (a row check, a call) measured 5-9%
@@ -371,8 +385,8 @@ __attribute__((noinline)) static void fwd_tiles(const Params& P, FwdBufs<T>& S, 
   using C = typename Compute<T>::type;
   using V = typename VecOf<C>::V;
   Dot dot{&P, &S};
-  ModLanes<C> ml[4];
-  TileMask tm[4];
+  ModLanes<C> ml[kLaneGroups];
+  TileMask tm[kLaneGroups];
   for (int g = 0; g < nlg; ++g) {
     dot.load_q(lgs[g], g, fl[g]);
     std::memset(static_cast<void*>(dot.o(g)), 0, sizeof(C) * size_t(P.Dv) * kLanes);
@@ -387,7 +401,7 @@ __attribute__((noinline)) static void fwd_tiles(const Params& P, FwdBufs<T>& S, 
   // a window edge costs it its ragged keys, not the rest of a 128-key tile. The two lane groups
   // of a pair share every broadcast of K and V (scores2, pv2); stacked GQA heads have equal spans.
   const bool spans = P.rows && !P.tile_class;
-  LaneSpan sp[2];
+  LaneSpan sp[kLaneGroups / 2];
   for (int g = 0; g < nlg; g += 2) {
     LaneSpan x = spans ? lane_span(P, lgs[g]) : LaneSpan{ka, kz, 0, 0};
     if (spans && g + 1 < nlg) {
@@ -405,7 +419,7 @@ __attribute__((noinline)) static void fwd_tiles(const Params& P, FwdBufs<T>& S, 
   for (int64_t j0 = ka; j0 < kz; j0 += P.bk) {
     const int64_t jn = imin(P.bk, kz - j0), kb = j0 / P.bk;
     // each pair's keys [s0[p], s1[p]) in this tile, and their union [t0, t1): the range read
-    int64_t s0[2], s1[2], t0 = j0 + jn, t1 = j0;
+    int64_t s0[kLaneGroups / 2], s1[kLaneGroups / 2], t0 = j0 + jn, t1 = j0;
     for (int p = 0; p < npair; ++p) {
       s0[p] = imax(j0, sp[p].a);
       s1[p] = imin(j0 + jn, sp[p].z);

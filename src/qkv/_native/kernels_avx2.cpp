@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "exp2.hpp"
 #include "params.hpp"
 
 namespace qkv_native {
@@ -128,23 +129,16 @@ static inline VF vload_e4m3(const uint8_t* p) {
   return {_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
 }
 
-// 2^x for 8 floats: x = n + f, |f| <= 1/2; 2^f by a degree-6 polynomial fitted for relative
-// error on [-1/2, 1/2] (max 1.7e-8 in float64 evaluation, below float32 rounding), 2^n by adding n to the exponent
-// field. x < -125 (including -inf: masked scores) gives exactly 0, never a denormal; NaN stays NaN (finite.hpp reads a
-// NaN row sum): max / min return their second operand, x, when it is NaN.
+// 2^x for 8 floats (exp2.hpp), 2^n by adding n to the exponent field. max / min return their
+// second operand, x, when it is NaN.
 static inline __m256 exp2_8(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-125.0f);
+  const __m256 lo = _mm256_set1_ps(kExp2Lo);
   const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_set1_ps(127.0f), _mm256_max_ps(lo, x));
+  x = _mm256_min_ps(_mm256_set1_ps(kExp2Hi), _mm256_max_ps(lo, x));
   const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(x, n);
-  __m256 p = _mm256_set1_ps(0.00015332507609855384f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.0013394701527431607f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.009618490934371948f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.055503424257040024f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.24022647738456726f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.6931471824645996f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  const __m256 p = exp2_poly(
+      _mm256_sub_ps(x, n), [](__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); },
+      [](float c) { return _mm256_set1_ps(c); });
   const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
   const __m256 r = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
   return _mm256_andnot_ps(under, r);

@@ -1,6 +1,6 @@
 // AVX-512 F/BW/DQ/VL path (used only if the CPU has all four). 16 lanes = one zmm for float,
-// two for double; masks are k-registers. NOT RUN on the development machine (AMD EPYC Zen 3,
-// AVX2 only): compiled everywhere, tested by tests/native only where the CPU supports it.
+// two for double; masks are k-registers (simd_avx512.hpp). Compiled everywhere; tests/native runs
+// it wherever the CPU has the four (CI requires it through QKV_REQUIRE_ISAS).
 #define QKV_NS avx512
 #include "simd_avx512.hpp"
 

@@ -28,28 +28,28 @@ struct FwdJob {
   Arena arena;
   int64_t n_items = 0, next = 0;
   // prefill: an item is pb blocks of 16 positions x hp query heads of one kv head (stacked_rows)
-  int64_t hp = 1, n_hc = 1, pb = 4, n_pc = 0;
+  int64_t hp = 1, n_hc = 1, pb = kLaneGroups, n_pc = 0;
 };
 
 // Prefill work items with GQA rows stacked: the group = H / Hkv query heads that share a kv head
 // are lane groups of the same item, so each K/V tile is read once for all of them (vLLM's CPU
 // attention gathers the heads of a group into one query tile the same way). An item holds at
-// most 4 lane groups: hp heads (the group split into n_hc near-equal chunks of <= 4) x pb blocks
-// of 16 positions (pb = 4 / hp: 64 positions of one head without grouping, as before; 16
+// most kLaneGroups (4) lane groups: hp heads (the group split into n_hc near-equal chunks of <= 4)
+// x pb blocks of 16 positions (pb = 4 / hp: 64 positions of one head without grouping; 16
 // positions x 4 heads for groups of 4 or 8). Lane groups keep 16 consecutive positions of one
 // head, so the ragged edges of causal / window spans stay <= 15 keys.
 template <class T>
 static void stacked_rows(const Params& P, FwdJob<T>& J) {
   const int64_t group = P.H / P.Hkv;
-  J.n_hc = (group + 3) / 4;
+  J.n_hc = (group + kLaneGroups - 1) / kLaneGroups;
   J.hp = (group + J.n_hc - 1) / J.n_hc;
-  J.pb = imax(1, 4 / J.hp);
+  J.pb = imax(1, kLaneGroups / J.hp);
   J.n_pc = (P.Nq + J.pb * kLanes - 1) / (J.pb * kLanes);
   J.n_items = P.B * P.Hkv * J.n_hc * J.n_pc;
 }
 
 // The lane groups of a prefill item (stacked_rows; decode has its own, decode.hpp). Returns the
-// number of lane groups (<= 4).
+// number of lane groups (<= kLaneGroups).
 template <class T>
 static int make_rowset(const Params& P, const FwdJob<T>& J, int64_t item, LaneGroup* lgs) {
   const int64_t group = P.H / P.Hkv;
@@ -87,15 +87,15 @@ static void fwd_task(void* ctx, int tid) {
   const Params& P = *J.P;
   FwdBufs<T> S;
   S.carve(P, J.arena.at(tid));
-  LaneGroup lgs[4];
+  LaneGroup lgs[kLaneGroups];
   for (;;) {
     const int64_t it = __atomic_fetch_add(&J.next, 1, __ATOMIC_RELAXED);
     if (it >= J.n_items) break;
     const int nlg = make_rowset<T>(P, J, it, lgs);
     int64_t ka, kz;
     row_key_range(P, lgs, nlg, ka, kz);
-    if (P.tile_class) ka = ka / P.bk * P.bk;  // tiles stay aligned to the lead's tile grid
-    uint8_t fl[4][kLanes] = {};
+    if (P.tile_class) ka = ka / P.bk * P.bk;  // tiles stay aligned to the mask plan's tile grid
+    uint8_t fl[kLaneGroups][kLanes] = {};
     fwd_rowset<T>(P, S, lgs, nlg, ka, kz, fl);
     fwd_finish<T>(P, S, lgs, nlg, fl, nullptr);
   }

@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "exp2.hpp"
 #include "params.hpp"
 
 namespace qkv_native {
@@ -73,22 +74,16 @@ static inline VF vsel(MF m, VF x, VF y) {
 #undef QKV_F4
 static inline float vhsum(VF x) { return vaddvq_f32(vaddq_f32(vaddq_f32(x.a, x.b), vaddq_f32(x.c, x.d))); }
 
-// 2^x for 4 floats, the same construction and coefficients as the AVX2 path (kernels_avx2.cpp):
-// x = n + f, |f| <= 1/2, 2^f by a degree-6 polynomial, 2^n added to the exponent field. x < -125
-// (including -inf) gives exactly 0; NaN stays NaN (fmax / fmin return it, n converts to 0).
+// 2^x for 4 floats (exp2.hpp), 2^n added to the exponent field. NaN stays NaN (fmax / fmin
+// return it, n converts to 0).
 static inline float32x4_t exp2_4(float32x4_t x) {
-  const float32x4_t lo = vdupq_n_f32(-125.0f);
+  const float32x4_t lo = vdupq_n_f32(kExp2Lo);
   const uint32x4_t under = vcltq_f32(x, lo);
-  x = vminq_f32(vdupq_n_f32(127.0f), vmaxq_f32(lo, x));
+  x = vminq_f32(vdupq_n_f32(kExp2Hi), vmaxq_f32(lo, x));
   const float32x4_t n = vrndnq_f32(x);  // to nearest, ties to even, as _mm256_round_ps
-  const float32x4_t f = vsubq_f32(x, n);
-  float32x4_t p = vdupq_n_f32(0.00015332507609855384f);
-  p = vfmaq_f32(vdupq_n_f32(0.0013394701527431607f), p, f);
-  p = vfmaq_f32(vdupq_n_f32(0.009618490934371948f), p, f);
-  p = vfmaq_f32(vdupq_n_f32(0.055503424257040024f), p, f);
-  p = vfmaq_f32(vdupq_n_f32(0.24022647738456726f), p, f);
-  p = vfmaq_f32(vdupq_n_f32(0.6931471824645996f), p, f);
-  p = vfmaq_f32(vdupq_n_f32(1.0f), p, f);
+  const float32x4_t p = exp2_poly(
+      vsubq_f32(x, n), [](float32x4_t a, float32x4_t b, float32x4_t c) { return vfmaq_f32(c, a, b); },
+      [](float c) { return vdupq_n_f32(c); });
   const int32x4_t e = vshlq_n_s32(vcvtq_s32_f32(n), 23);  // n is integral: truncation is exact
   const uint32x4_t r = vreinterpretq_u32_s32(vaddq_s32(vreinterpretq_s32_f32(p), e));
   return vreinterpretq_f32_u32(vbicq_u32(r, under));

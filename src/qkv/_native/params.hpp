@@ -27,13 +27,19 @@ constexpr const char* kKvFormatNames[] = {"native", "i8", "e4m3", "e5m2"};
 
 enum TileClass : int8_t { EMPTY = 0, PARTIAL = 1, FULL = 2 };
 
-// Tile sizes. BQ queries x BK keys is the unit of the lead's tile classes and bitmaps.
+// Tile sizes. BQ queries x BK keys is the unit of the tile classes and bitmaps of a mask's plan (masks.plan).
 // 16 queries sit across the SIMD lanes (one zmm, two ymm): the row max, exp2 and row sum of the
 // online softmax are then vertical operations (FlashAttention-2, arXiv:2307.08691, Alg. 1 l. 9-10).
 constexpr int kLanes = 16;
 // 64 queries (4 lane groups) share every K/V tile they load: the tile is read from L2 once per
 // 64 queries instead of once per 16.
 constexpr int kBlockQ = 64;
+// The lane groups of one query block: a prefill work item holds at most this many, and the tile
+// loops size their per-group arrays and scratch with it. The loops take them in pairs (two lane
+// groups share each broadcast of K and V), so the count is even.
+constexpr int kLaneGroups = kBlockQ / kLanes;
+static_assert(kBlockQ % kLanes == 0, "a query block is whole lane groups");
+static_assert(kLaneGroups % 2 == 0, "the tile loops pair the lane groups");
 // 128 keys x Dk=64 x 4 B = 32 KiB: the K tile stays in L1/L2 while the 4 lane groups reuse it;
 // the score tile 128 x 16 x 4 B = 8 KiB stays in L1 between the matmul, exp2 and P.V passes.
 constexpr int kBlockK = 128;

@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "exp2.hpp"
 #include "params.hpp"
 
 namespace qkv_native {
@@ -114,22 +115,16 @@ static inline VF vload_e4m3(const uint8_t* p) {
   return {_mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16(short(0xbf80))))};
 }
 
-// 2^x: as the AVX2 path (degree-6 fit on |f| <= 1/2), with scalef for the 2^n factor. NaN stays
-// NaN (finite.hpp reads a NaN row sum): the compare is unordered-true and max / min return their
-// second operand, x, when it is NaN.
+// 2^x (exp2.hpp), with scalef for the 2^n factor. The compare is unordered-true and max / min
+// return their second operand, x, when it is NaN.
 static inline VF vexp2(VF v) {
-  const __m512 lo = _mm512_set1_ps(-125.0f);
+  const __m512 lo = _mm512_set1_ps(kExp2Lo);
   const __mmask16 ok = _mm512_cmp_ps_mask(v.a, lo, _CMP_NLT_UQ);
-  const __m512 x = _mm512_min_ps(_mm512_set1_ps(127.0f), _mm512_max_ps(lo, v.a));
+  const __m512 x = _mm512_min_ps(_mm512_set1_ps(kExp2Hi), _mm512_max_ps(lo, v.a));
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(0.00015332507609855384f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0013394701527431607f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.009618490934371948f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.055503424257040024f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022647738456726f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471824645996f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  const __m512 p = exp2_poly(
+      _mm512_sub_ps(x, n), [](__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); },
+      [](float c) { return _mm512_set1_ps(c); });
   return {_mm512_maskz_scalef_ps(ok, p, n)};
 }
 
