@@ -29,8 +29,9 @@ from .. import _native as native
 from .. import masks
 from .._finite import gradient_overflow_error, overflow_error
 from .._native import KernelMod, KvFormat
+from .._quant import Quantized, dequantize
 from ..errors import ArgumentError, MaskError
-from ._kernel_args import KernelArgs, kernel_args
+from ._kernel_args import KV_FORMATS, KernelArgs, kernel_args
 from ._plan import threads
 
 
@@ -182,14 +183,15 @@ def _backward(ctx: Any, dout: Tensor, dlse: Tensor | None) -> tuple[Any, ...]:
 attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-_FLOAT8 = {int(KvFormat.E4M3): torch.float8_e4m3fn, int(KvFormat.E5M2): torch.float8_e5m2}
+_FORMAT_NAMES = {int(code): name for name, code in KV_FORMATS.items()}
 
 
 def dequantized(codes: Tensor, scales: Tensor, kv_format: int, dtype: torch.dtype) -> Tensor:
-    """The values ``codes (B, Hkv, Nk, D)`` stand for, ``codes · scales[..., None]``, in ``dtype``."""
-    c = codes.view(_FLOAT8[kv_format]) if kv_format in _FLOAT8 else codes
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
-    return (c.to(acc) * scales.to(acc)[..., None]).to(dtype)
+    """The values ``codes (B, Hkv, Nk, D)`` stand for (``qkv.dequantize``), in ``dtype``; float8
+    codes arrive as their ``uint8`` bits (the operator's schema has no float8 dtype to promise)."""
+    name = _FORMAT_NAMES[kv_format]
+    c = codes.view(getattr(torch, name)) if name.startswith("float8") else codes
+    return dequantize(Quantized(c, scales, name), dtype)
 
 
 @torch.library.custom_op(
