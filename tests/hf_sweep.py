@@ -39,6 +39,7 @@ import re
 import sys
 import traceback
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, NamedTuple
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -223,6 +224,15 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {line}"[:200]
 
 
+def _crash(e: BaseException) -> str:
+    """A crash in a few words that read the same on every machine: the exception's first line and
+    the innermost frame as ``file.py:line in function`` (a traceback's tail names this checkout's
+    paths, so the generated table would differ between machines)."""
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" (at {Path(tb[-1].filename).name}:{tb[-1].lineno} in {tb[-1].name})" if tb else ""
+    return _first_line(e) + where
+
+
 def _close(got: dict[str, Any], want: dict[str, Any], kw: dict[str, Any], tol: float) -> str:
     """Why two output sets differ ("" if every tensor agrees to ``tol`` of its scale)."""
     if set(got) != set(want):
@@ -389,8 +399,8 @@ def check(model_type: str, auto: str, kind: str, cls: str = "") -> Outcome:
         try:
             try:
                 found = _check(model_type, auto, kind, cls)
-            except Exception:  # noqa: BLE001 - the sweep's own failure: shown, and the test fails on it
-                return Outcome(model_type, auto, cls, "differs", "sweep: " + traceback.format_exc(limit=-2)[-300:])
+            except Exception as e:  # noqa: BLE001 - the sweep's own failure: shown, and the test fails on it
+                return Outcome(model_type, auto, cls, "differs", "sweep: " + _crash(e))
             if found.status == "refused" and "eager-only" in found.why:
                 with _trusting(model_type):
                     anyway = _check(model_type, auto, kind, cls)
@@ -477,8 +487,8 @@ def _check(model_type: str, auto: str, kind: str, cls: str = "") -> Outcome:
                 got = _tensors(run(model, kw))
         except ArgumentError as e:
             return outcome("refused", str(e).splitlines()[0])
-        except Exception:  # noqa: BLE001 - a crash under qkv is a bug: report it
-            return outcome("differs", f"{padded} padding: " + traceback.format_exc(limit=-2)[-300:])
+        except Exception as e:  # noqa: BLE001 - a crash under qkv is a bug: report it
+            return outcome("differs", f"{padded} padding: " + _crash(e))
         if READS:
             return outcome("differs", f"{READS[0]} outside attention: give it eager's mask or refuse it")
         why = _close(got, want, kw, TOL)
@@ -539,8 +549,8 @@ def _generate_differs(eager: Any, model: Any, config: Any, notes: list[str]) -> 
             got = model.generate(**kw, **gen)
         except ArgumentError as e:
             return f"generate ({cache}): refused: {str(e).splitlines()[0]}"
-        except Exception:  # noqa: BLE001
-            return f"generate ({cache}): " + traceback.format_exc(limit=-2)[-300:]
+        except Exception as e:  # noqa: BLE001 - a crash under qkv is a bug: report it
+            return f"generate ({cache}): " + _crash(e)
         if not torch.equal(got, want):
             return f"generate ({cache} cache): tokens differ"
     return ""
