@@ -61,9 +61,10 @@ def dist(tmp_path_factory):
 
 
 def static_assets() -> list[str]:
-    """The lab's static files in the source tree, relative to src/."""
-    static = ROOT / "src/qkv/lab/static"
-    files = (p for p in static.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    """The lab's files that are not Python (its static assets and its pages' HTML) in the source
+    tree, relative to src/."""
+    lab = ROOT / "src/qkv/lab"
+    files = (p for p in lab.rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc"))
     return sorted(str(p.relative_to(ROOT / "src")) for p in files)
 
 
@@ -90,7 +91,7 @@ def test_the_wheel_holds_the_package_and_nothing_else(dist):
     assert re.fullmatch(rf"qkv-{re.escape(VERSION)}-cp3\d+-cp3\d+-\w+\.whl", wheel.name), wheel.name
     names = set(zipfile.ZipFile(wheel).namelist())
     assert [n for n in names if re.fullmatch(r"qkv/_native/_ext\..*\.so", n)], "the compiled kernel is missing"
-    assert static_assets(), "src/qkv/lab/static is empty"
+    assert any(a.endswith("pages/shell.html") for a in static_assets()), static_assets()
     for asset in static_assets():
         assert asset in names, f"{asset} missing from the wheel"
     assert {

@@ -7,7 +7,8 @@ Five pages share one look: **Explain** (the ``qkv.explain`` trace of your Q, K, 
 ``TinyGPT`` learning a toy task, its loss and attention maps streamed as server-sent events).
 
 The server computes, the browser only draws: every number on a page comes from a JSON endpoint
-under ``/api`` that calls qkv. Static assets ship in ``qkv/lab/static`` (no network at run time).
+under ``/api`` that calls qkv. The pages (``qkv/lab/pages``) and their
+assets (``qkv/lab/static``) ship in the package (no network at run time).
 
     >>> from qkv.lab.app import create_app          # needs the 'lab' extra (fastapi, uvicorn)
     >>> app = create_app(max_n=64)

@@ -17,7 +17,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
@@ -25,12 +25,13 @@ from .._version import __version__
 from ..errors import QKVError
 from .guard import BodyLimit, HostGuard
 from .model import ModelRunner
+from .pages import TITLES, render
 from .routes import COOKIE, build_router
 from .schemas import LabError, Limits, clipped
 from .training import TrainingManager
 
 STATIC = Path(__file__).parent / "static"
-PAGES = ("explain", "heatmap", "positional", "complexity", "training", "model")
+PAGES = tuple(TITLES)
 PROBLEMS = 20  # field problems a 422 lists at most (a body with a million bad numbers has a million)
 
 
@@ -128,8 +129,10 @@ def create_app(
         return RedirectResponse("/explain")
 
     def page(name: str) -> Any:
+        html = render(name)  # once, when the app is built
+
         def serve(request: Request) -> Response:
-            response = FileResponse(STATIC / f"{name}.html", media_type="text/html")
+            response = HTMLResponse(html)
             if not request.cookies.get(COOKIE):
                 response.set_cookie(COOKIE, secrets.token_urlsafe(12), httponly=True, samesite="strict")
             return response
