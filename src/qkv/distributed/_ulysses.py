@@ -42,26 +42,18 @@ def head_to_seq(g: Group, x: torch.Tensor) -> torch.Tensor:
     return got.movedim(0, -4).reshape(*lead, w * hw, n // w, d)
 
 
-class _SeqToHead(torch.autograd.Function):
+class _Exchange(torch.autograd.Function):
+    """One all-to-all, ``there`` (``seq_to_head`` or ``head_to_seq``), whose adjoint is ``back``,
+    the inverse all-to-all."""
+
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, g: Group) -> torch.Tensor:
-        ctx.g = g
-        return seq_to_head(g, x)
+    def forward(ctx: Any, x: torch.Tensor, g: Group, there: Any, back: Any) -> torch.Tensor:
+        ctx.g, ctx.back = g, back
+        return there(g, x)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        return head_to_seq(ctx.g, grad), None  # an all-to-all's adjoint is the inverse all-to-all
-
-
-class _HeadToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, g: Group) -> torch.Tensor:
-        ctx.g = g
-        return head_to_seq(g, x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        return seq_to_head(ctx.g, grad), None
+        return ctx.back(ctx.g, grad), None, None, None
 
 
 def ulysses_attention(
@@ -123,6 +115,6 @@ def ulysses_attention(
     agree(g, "ulysses_attention", check, q.device, ADVICE)
     if g.size == 1:
         return attention(q, k, v, causal=causal, scale=scale)
-    qh, kh, vh = (_SeqToHead.apply(x, g) for x in (q, k, v))
+    qh, kh, vh = (_Exchange.apply(x, g, seq_to_head, head_to_seq) for x in (q, k, v))
     out = attention(qh, kh, vh, causal=causal, scale=scale)  # (*B, H/W, Nq, Dv): whole sequence, my heads
-    return _HeadToSeq.apply(out, g)
+    return _Exchange.apply(out, g, head_to_seq, seq_to_head)

@@ -85,21 +85,23 @@ class TransformerBlock(nn.Module):
 
 
 class _Stack(nn.Module):
+    cross: bool  # each stack says whether its blocks attend to a context too
+
     def __init__(
         self,
         d_model: int,
         n_heads: int,
         d_ff: int,
         n_layers: int,
-        n_kv_heads: int | None,
-        norm: str,
-        dropout: float,
-        pos: str | None,
-        cross: bool,
+        n_kv_heads: int | None = None,
+        norm: str = "pre",
+        dropout: float = 0.0,
+        pos: str | None = None,
     ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
-            TransformerBlock(d_model, n_heads, d_ff, n_kv_heads, norm, dropout, cross, pos) for _ in range(n_layers)
+            TransformerBlock(d_model, n_heads, d_ff, n_kv_heads, norm, dropout, self.cross, pos)
+            for _ in range(n_layers)
         )
         self.norm = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()  # pre-norm leaves x unnormalised
 
@@ -117,18 +119,7 @@ class _Stack(nn.Module):
 class TransformerEncoder(_Stack):
     """``n_layers`` blocks of bidirectional self-attention (``causal=False`` unless asked)."""
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        n_layers: int,
-        n_kv_heads: int | None = None,
-        norm: str = "pre",
-        dropout: float = 0.0,
-        pos: str | None = None,
-    ) -> None:
-        super().__init__(d_model, n_heads, d_ff, n_layers, n_kv_heads, norm, dropout, pos, cross=False)
+    cross = False
 
     def forward(self, x: Tensor, mask: Any = None, causal: bool = False, need_weights: bool = False) -> Any:
         """``x (B, N, d_model)``, or ``(x, [weights (B, H, N, N) per layer])``."""
@@ -138,18 +129,7 @@ class TransformerEncoder(_Stack):
 class TransformerDecoder(_Stack):
     """``n_layers`` blocks of causal self-attention plus cross-attention to an encoder output."""
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        n_layers: int,
-        n_kv_heads: int | None = None,
-        norm: str = "pre",
-        dropout: float = 0.0,
-        pos: str | None = None,
-    ) -> None:
-        super().__init__(d_model, n_heads, d_ff, n_layers, n_kv_heads, norm, dropout, pos, cross=True)
+    cross = True
 
     def forward(
         self,
