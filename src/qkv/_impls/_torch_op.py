@@ -114,11 +114,14 @@ def _grads(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return q.new_empty(q.shape, dtype=acc), k.new_empty(k.shape, dtype=acc), v.new_empty(v.shape, dtype=acc)
 
 
-@torch.library.custom_op(
-    "qkv::attention",
-    mutates_args=(),
-    device_types="cpu",
-    schema=f"(Tensor q, Tensor k, Tensor v, {_CALL}) -> (Tensor, Tensor)",
+def _operator(name: str, schema: str) -> Any:
+    """A qkv operator ``qkv::name``: pure (it mutates none of its arguments) and CPU-only."""
+    return torch.library.custom_op(f"qkv::{name}", mutates_args=(), device_types="cpu", schema=schema)
+
+
+@_operator(
+    "attention",
+    f"(Tensor q, Tensor k, Tensor v, {_CALL}) -> (Tensor, Tensor)",
 )
 def attention_op(q: Tensor, k: Tensor, v: Tensor, *call: Any) -> tuple[Tensor, Tensor]:
     """The forward pass: ``(out, lse)`` (see the module docstring)."""
@@ -133,11 +136,9 @@ def _attention_fake(q: Tensor, k: Tensor, v: Tensor, *call: Any) -> tuple[Tensor
     return _results(q, v)
 
 
-@torch.library.custom_op(
-    "qkv::attention_backward",
-    mutates_args=(),
-    device_types="cpu",
-    schema=f"(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_CALL}) "
+@_operator(
+    "attention_backward",
+    f"(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_CALL}) "
     "-> (Tensor, Tensor, Tensor)",
 )
 def attention_backward_op(
@@ -194,12 +195,9 @@ def dequantized(codes: Tensor, scales: Tensor, kv_format: int, dtype: torch.dtyp
     return dequantize(Quantized(c, scales, name), dtype)
 
 
-@torch.library.custom_op(
-    "qkv::attention_quantized",
-    mutates_args=(),
-    device_types="cpu",
-    schema=f"(Tensor q, Tensor k, Tensor v, Tensor k_scale, Tensor v_scale, int kv_format, {_CALL}) "
-    "-> (Tensor, Tensor)",
+@_operator(
+    "attention_quantized",
+    f"(Tensor q, Tensor k, Tensor v, Tensor k_scale, Tensor v_scale, int kv_format, {_CALL}) -> (Tensor, Tensor)",
 )
 def attention_quantized_op(
     q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Tensor, kv_format: int, *call: Any

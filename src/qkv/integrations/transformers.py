@@ -125,29 +125,9 @@ def register(name: str = "qkv", impl: str = "auto") -> str:
 def attention_function(impl: str = "auto") -> Callable[..., tuple[Any, Any]]:
     """The function registered with ``AttentionInterface`` for ``impl`` (one object per impl)."""
 
-    def qkv_attention(
-        module: Any,
-        query: Any,
-        key: Any,
-        value: Any,
-        attention_mask: Any,
-        dropout: float = 0.0,
-        scaling: float | None = None,
-        is_causal: bool | None = None,
-        **kwargs: Any,
-    ) -> tuple[Any, Any]:
-        return forward(
-            module,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=dropout,
-            scaling=scaling,
-            is_causal=is_causal,
-            impl=impl,
-            **kwargs,
-        )
+    def qkv_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
+        # transformers passes dropout, scaling and is_causal by keyword: forward names them
+        return forward(module, query, key, value, attention_mask, impl=impl, **kwargs)
 
     qkv_attention.__name__ = qkv_attention.__qualname__ = f"qkv_attention_{impl}"
     return qkv_attention
@@ -363,20 +343,23 @@ def mask_function(
     refuse_config(kwargs.get("config"))  # a model that would misread this mask never gets one
     mask_function = mask_function or causal_mask_function
     kwargs.pop("allow_is_bidirectional_skip", None)  # sdpa_mask's default: off
-    if eager_reader(kwargs.get("config")) is not None:  # its own code reads the values as eager's: give it those
-        from transformers.masking_utils import eager_mask
 
-        return eager_mask(
+    def made_by(maker: Any, **how: Any) -> Any:  # transformers' own mask maker, over this call's sizes
+        return maker(
             batch_size=batch_size,
             q_length=q_length,
             kv_length=kv_length,
             q_offset=q_offset,
             kv_offset=kv_offset,
             mask_function=mask_function,
-            attention_mask=attention_mask,
-            allow_is_bidirectional_skip=False,
+            **how,
             **kwargs,
         )
+
+    if eager_reader(kwargs.get("config")) is not None:  # its own code reads the values as eager's: give it those
+        from transformers.masking_utils import eager_mask
+
+        return made_by(eager_mask, attention_mask=attention_mask, allow_is_bidirectional_skip=False)
     if not masks.compiling():  # a static cache's position: read now, the cache moves it in place later
         q_offset = offset_of(q_offset)
     structure = (
@@ -386,17 +369,7 @@ def mask_function(
     )
 
     def dense(padding: Any = attention_mask) -> Any:
-        return sdpa_mask(
-            batch_size=batch_size,
-            q_length=q_length,
-            kv_length=kv_length,
-            q_offset=q_offset,
-            kv_offset=kv_offset,
-            mask_function=mask_function,
-            attention_mask=padding,
-            allow_is_causal_skip=False,
-            **kwargs,
-        )
+        return made_by(sdpa_mask, attention_mask=padding, allow_is_causal_skip=False)
 
     if structure is None or structure.keys is not None:
         # built now: its inputs (a tensor q_offset, the padding) may change in place later, and a

@@ -70,6 +70,17 @@ def grid(n: int, max_cols: int = 4) -> tuple[int, int]:
     return math.ceil(n / cols), cols
 
 
+def weights_cell(ax: Any, w: Any, title: str | None, fontsize: float, **title_kw: Any) -> Any:
+    """One attention map ``w (Nq, Nk)`` in one cell of a grid: weights on [0, 1] in viridis, no
+    ticks, ``title`` (the head) on top when given; returns the image for the colorbar."""
+    image = ax.imshow(w, cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if title is not None:
+        ax.set_title(title, fontsize=fontsize, **title_kw)
+    return image
+
+
 def format_of(path: str | os.PathLike[str], fmt: str | None = None) -> str:
     """The picture format: ``fmt`` if given (it must agree with a known extension), else the extension."""
     ext = Path(path).suffix.lower().lstrip(".")

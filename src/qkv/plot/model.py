@@ -62,11 +62,7 @@ def head_grid(
     for li in range(n_layers):
         for hi in range(n_heads):
             ax = axes[li, hi]
-            image = ax.imshow(w[li, hi], cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if li == 0:
-                ax.set_title(f"head {heads[hi]}", fontsize=7, pad=2)
+            image = _common.weights_cell(ax, w[li, hi], f"head {heads[hi]}" if li == 0 else None, 7, pad=2)
             if titles is not None:
                 ax.set_xlabel(titles[li * n_heads + hi], fontsize=5, labelpad=1)
             if hi == 0:

@@ -58,11 +58,7 @@ def attention_grid(
     for r, s in enumerate(rows):
         for h in range(n_heads):
             ax = axes[r, h]
-            im = ax.imshow(maps[s, h], cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if r == 0:
-                ax.set_title(f"head {h}", fontsize=8)
+            im = _common.weights_cell(ax, maps[s, h], f"head {h}" if r == 0 else None, 8)
             if h == 0:
                 ax.set_ylabel(f"step {steps[s]}", fontsize=8)
     if labels is not None and t <= 8:  # the probe's tokens under the last row
