@@ -6,7 +6,7 @@ computes ``Result(out, weights, lse)``; only the last line picks the tuple API.m
 """
 
 import math
-from typing import Any, Literal, overload
+from typing import Any
 
 import numpy as np
 
@@ -108,61 +108,23 @@ def dispatch(q: Array, k: Array, v: Array, *, impl: str = "auto", **attention_kw
     return plan(impl, c).report()
 
 
-@overload
 def attention(
     q: Array,
     k: Array,
     v: Array,
     *,
-    mask: Any = ...,
-    causal: bool = ...,
-    scale: float | None = ...,
-    score_mod: ScoreMod | None = ...,
-    dropout: float = ...,
-    rng: Any = ...,
-    impl: str = ...,
-    return_weights: Literal[False] = ...,
-    return_lse: Literal[False] = ...,
-    bias: Any = ...,
-    sinks: Any = ...,
-) -> Array: ...
-@overload
-def attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Any = ...,
-    causal: bool = ...,
-    scale: float | None = ...,
-    score_mod: ScoreMod | None = ...,
-    dropout: float = ...,
-    rng: Any = ...,
-    impl: str = ...,
-    return_weights: bool = ...,
-    return_lse: bool = ...,
-    bias: Any = ...,
-    sinks: Any = ...,
-) -> Any: ...
-
-
-def attention(
-    q,
-    k,
-    v,
-    *,
-    mask=None,
-    causal=False,
-    scale=None,
-    score_mod=None,
-    dropout=0.0,
-    rng=None,
-    impl="auto",
-    return_weights=False,
-    return_lse=False,
-    bias=None,
-    sinks=None,
-):
+    mask: Any = None,
+    causal: bool = False,
+    scale: float | None = None,
+    score_mod: ScoreMod | None = None,
+    dropout: float = 0.0,
+    rng: Any = None,
+    impl: str = "auto",
+    return_weights: bool = False,
+    return_lse: bool = False,
+    bias: Any = None,
+    sinks: Any = None,
+) -> Any:
     """Exact softmax attention ``softmax(q kᵀ · scale + bias) v``.
 
     q (*B, H, Nq, Dk), k (*B, Hkv, Nk, Dk), v (*B, Hkv, Nk, Dv) -> out (*B, H, Nq, Dv).
