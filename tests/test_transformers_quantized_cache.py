@@ -121,6 +121,35 @@ def test_a_sliding_window_model_keeps_every_token_and_its_mask_hides_them(static
 
 
 @pytest.mark.skipif(not _native.available(), reason="compiled engine unavailable")
+@pytest.mark.parametrize("config", ["LlamaConfig", "MistralConfig"])
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_a_decode_step_reads_the_layers_by_the_lean_road(config, static, monkeypatch):
+    """An unpadded decode step hands each layer's codes and scales to the kernel by the lean road
+    (as ``qkv.Quantized`` views; a sliding window's last keys sliced with their scales), and
+    generate still equals the model over the stored values."""
+    model = _llama(config=config, **({"sliding_window": 5} if config == "MistralConfig" else {}))
+    ids, mask = _batch(False)
+    want_tokens, want_scores = _generate(model, ids, _rounded_cache(model, "int8"), mask)
+    seen = []
+
+    def lean(q, k, v, *a):
+        from qkv._impls import lean_attention
+
+        res = lean_attention(q, k, v, *a)
+        seen.append((type(k), k.shape[-2], res is not None))
+        return res
+
+    monkeypatch.setattr(qt, "lean_attention", lean)
+    tokens, scores = _generate(model, ids, qt.QuantizedCache(model.config, max_cache_len=32 if static else None), mask)
+    assert torch.equal(tokens, want_tokens)
+    torch.testing.assert_close(scores, want_scores, atol=2e-4, rtol=0)
+    assert len(seen) == 2 * 7  # two layers, the seven steps after the prompt's
+    assert all(kind is qkv.Quantized and taken for kind, _, taken in seen)
+    if config == "MistralConfig":
+        assert {n for _, n, _ in seen} == {5}
+
+
+@pytest.mark.skipif(not _native.available(), reason="compiled engine unavailable")
 @pytest.mark.parametrize("fmt", ["int8", pytest.param("float8_e4m3fn", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
 def test_a_compiled_static_cache_generates_the_uncompiled_tokens(fmt, dynamic):

@@ -186,13 +186,38 @@ def _dl(x: Any) -> Any:
 
 
 def forward_tensors(
-    q: Any, k: Any, v: Any, out: Any, lse: Any, scale: float, threads: int, mask: dict[str, Any]
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    scale: float,
+    threads: int,
+    mask: dict[str, Any],
+    kv_format: int = 0,
+    k_scale: Any = None,
+    v_scale: Any = None,
 ) -> tuple[int, int]:
     """``forward`` for the lean road (``_impls/_lean.py``): detached CPU torch tensors the caller
-    has checked, the mask's arrays by keyword, no mods, bias or dropout. The same kernel call in a
+    has checked, the mask's arrays by keyword, no mods, bias or dropout; a quantized cache as its
+    codes with ``kv_format`` (an int of ``KvFormat``) and the scales. The same kernel call in a
     third of the Python time: a decode step's whole budget is ~10 us, and ``forward``'s general
     argument handling costs ~3."""
     to = _to_dlpack or _dlpack_of_torch()
+    if kv_format:
+        return _ext.forward(
+            to(q),
+            to(k),
+            to(v),
+            to(out),
+            to(lse),
+            scale=scale,
+            threads=threads,
+            kv_format=kv_format,
+            k_scale=to(k_scale),
+            v_scale=to(v_scale),
+            **mask,
+        )
     return _ext.forward(to(q), to(k), to(v), to(out), to(lse), scale=scale, threads=threads, **mask)
 
 

@@ -190,11 +190,8 @@ def forward(
     quantized = key.dtype.itemsize == 1  # a QuantizedCache layer's packed 8-bit keys and values
     if quantized:
         from ._hf_cache import unpacked
-
-        key, value = unpacked(key, value)
     if (
-        not quantized
-        and query.shape[-2] == 1
+        query.shape[-2] == 1
         and all(kwargs.get(name) is None for name in HONOURED)
         and impl in ("auto", "flash")
         and not (dropout and getattr(module, "training", False))
@@ -202,11 +199,16 @@ def forward(
         and (attention_mask is None or (structure is not None and not structure.padded and structure.chunk is None))
     ):  # a decode step against the cache: the lean path, as little Python as possible
         window = None if structure is None else structure.window
+        k, v = key, value  # (the full path below reads the whole cache with its mask)
         if window is not None and window < key.shape[-2]:  # one query, the last key's: the last `window` keys
-            key, value = key[..., -window:, :], value[..., -window:, :]
-        res = lean_attention(query, key, value, False, scaling)  # one query: causal hides nothing
+            k, v = key[..., -window:, :], value[..., -window:, :]
+        if quantized:  # a packed layer's tokens, sliced above with their scales
+            k, v = unpacked(k, v)
+        res = lean_attention(query, k, v, False, scaling)  # one query: causal hides nothing
         if res is not None:  # (B, H, 1, Dv) seen as (B, 1, H, Dv) is already contiguous: no copy
             return res.out.transpose(1, 2).contiguous(), None
+    if quantized:
+        key, value = unpacked(key, value)
     mask, causal = layer_mask(attention_mask, key.shape[-2], is_causal)
     softcap = kwargs.get("softcap")
     bias = kwargs.get("position_bias")
