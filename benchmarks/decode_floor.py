@@ -42,12 +42,18 @@ def timed(fn) -> float:
 
 
 def round_robin(fns: dict, rounds: int, inner: int = 1, stat=np.median) -> dict:
-    """Seconds per call of each function (median, or `stat`, over rounds), called in turn (A B C .. A B C ..)."""
+    """Seconds per call of each function (median, or `stat`, over rounds), called in turn (A B C ..
+    B C .. A C .. A B ..): each round starts one later, so every call follows every other equally
+    often: in a fixed order one column always runs right after torch's floor reads (whose OpenMP
+    workers spin on after a parallel region) and another never does."""
     for f in fns.values():
         f()
     times = {k: [] for k in fns}
-    for _ in range(rounds):
-        for name, f in fns.items():
+    names = list(fns)
+    for r in range(rounds):
+        s = r % len(names)
+        for name in names[s:] + names[:s]:
+            f = fns[name]
             t = time.perf_counter()
             for _ in range(inner):
                 f()
@@ -175,6 +181,19 @@ def fixed_cost(rounds):
                 f"{t['sdpa'] * 1e6:.1f} |",
                 flush=True,
             )
+        # an int8 cache (bf16 q): the kernel call against qkv.attention over qkv.Quantized
+        q, k, v = tensors(h, hkv, d, 16, torch.bfloat16)
+        (kc, ks), (vc, vs) = quant_tensors(k, "i8"), quant_tensors(v, "i8")
+        out, lse = torch.empty(1, h, 1, d, dtype=q.dtype), torch.empty(1, h, 1)
+        qk, qv = qkv.Quantized(kc, ks, "int8"), qkv.Quantized(vc, vs, "int8")
+        i8 = native.KvFormat.I8
+
+        def kernel(q=q, kc=kc, vc=vc, ks=ks, vs=vs, out=out, lse=lse, d=d, f=i8):
+            native.forward(q, kc, vc, out, lse, scale=d**-0.5, threads=THREADS, kv_format=f, k_scale=ks, v_scale=vs)
+
+        public = lambda q=q, qk=qk, qv=qv: qkv.attention(q, qk, qv)  # noqa: E731
+        t = round_robin({"kernel": kernel, "qkv.attention": public}, rounds, inner=200)
+        print(f"| {name} int8 cache Nk=16 | {t['kernel'] * 1e6:.1f} | {t['qkv.attention'] * 1e6:.1f} | |", flush=True)
 
 
 def main() -> None:
