@@ -173,8 +173,7 @@ struct DqOrder {
 };
 
 // D_i = rowsum(dO o O) - dlse_i of row i (Alg. 2 line 4), summed in float64 (it is subtracted from
-// dP: keep it exact). Recomputed where a query block meets a key tile instead of kept in a
-// B*H*Nq buffer: Dv products per row against the tile's ~5 Dk BK products. Eight independent
+// dP: keep it exact), once per row and call (RowStats below). Eight independent
 // partial sums, added in one fixed order: one serial float64 chain ran at the FMA latency (4
 // cycles a product) and measured ~7% of a causal backward; eight chains vectorise (the order is
 // written here, so every ISA and thread count sums alike).
@@ -205,13 +204,48 @@ __attribute__((noinline)) static bool delta_overflowed(const Params& P, int64_t 
   return storage_finite(orow, P.Dv) && storage_finite(drow, P.Dv) && std::isfinite(dl);
 }
 
+// Per query row, once per call before the key tiles: D_i (row_delta) and whether its q or dO row
+// is not finite (it then sends NaN, finite.hpp). Every key tile the row's block meets reads them;
+// recomputed there, once per key tile, they measured ~6% of a bf16 backward (perf). One float and
+// one byte a row: O(B H Nq).
+template <class T>
+struct RowStats {
+  using C = typename Compute<T>::type;
+  C* delta = nullptr;      // (B, H, Nq)
+  uint8_t* bad = nullptr;  // (B, H, Nq)
+  RowStats() = default;
+  RowStats(const RowStats&) = delete;  // owns its buffers: a copy would free them twice
+  RowStats& operator=(const RowStats&) = delete;
+  ~RowStats() {
+    std::free(delta);
+    std::free(bad);
+  }
+  bool alloc(const Params& P) {
+    const size_t n = size_t(P.B * P.H * P.Nq);
+    delta = static_cast<C*>(std::malloc(sizeof(C) * (n ? n : 1)));
+    bad = static_cast<uint8_t*>(std::malloc(n ? n : 1));
+    return delta && bad;
+  }
+  // rows [r0, r1) of the flattened (B, H, Nq)
+  void fill(const Params& P, int64_t r0, int64_t r1) {
+    const T* q = static_cast<const T*>(P.q.data);
+    const T* dout = static_cast<const T*>(P.dout);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t i = r % P.Nq, h = r / P.Nq % P.H, b = r / (P.Nq * P.H);
+      const T* drow = dout + b * P.dout_s.s0 + h * P.dout_s.s1 + i * P.dout_s.s2;
+      delta[r] = row_delta<T>(P, b, h, i, drow);
+      bad[r] = uint8_t(!storage_finite(q + b * P.q.s0 + h * P.q.s1 + i * P.q.s2, P.Dk) || !storage_finite(drow, P.Dv));
+    }
+  }
+};
+
 // The dot products of the backward tile loop below (bwd_tiles), on compute-type operands:
 // microkernel.hpp's gemm16 / gemm16x2 on K and V read in place (widened per tile when stored
 // narrower), Q^T and dO^T [D][16] per lane group and the block's Q, dO rows. kernels_avx512bf16.cpp
 // has another with the same members (vdpbf16ps on bf16 pairs). bwd_tiles makes one per key tile:
 //   tile(b, g, j0, jn, bk, bv)   K, V rows [j0, j0 + jn) of (b, g) ready, non-finite rows zeroed
 //                                (and marked in bk / bv)
-//   row(r, q, dO)                row r of the query block; false (and zeros) when not finite
+//   row(r, q, dO, bad)           row r of the query block (zeros when bad: not finite)
 //   rows_done(nr, rq)            after the block's nr rows; rq: rows of whole lane groups
 //   lane_group(lg)               lane group lg's Q^T, dO^T from the block's rows
 //   scores(c, lg, two, a, n)     S^T of lane group lg (and lg + 1) for keys [a, a + n) into c
@@ -251,15 +285,16 @@ struct WideBwd {
       ldv = dvp;
     }
   }
-  bool row(int64_t r, const T* qrow, const T* drow) {
+  void row(int64_t r, const T* qrow, const T* drow, bool bad) {
     C* qd = S->qs + r * dkp;
     C* dd = S->dos + r * dvp;
+    if (bad) {
+      std::memset(static_cast<void*>(qd), 0, sizeof(C) * size_t(P->Dk));
+      std::memset(static_cast<void*>(dd), 0, sizeof(C) * size_t(P->Dv));
+      return;
+    }
     for (int64_t d = 0; d < P->Dk; ++d) qd[d] = to_c<C>(qrow[d]);
     for (int64_t d = 0; d < P->Dv; ++d) dd[d] = to_c<C>(drow[d]);
-    if (all_finite(qd, P->Dk) && all_finite(dd, P->Dv)) return true;
-    std::memset(static_cast<void*>(qd), 0, sizeof(C) * size_t(P->Dk));
-    std::memset(static_cast<void*>(dd), 0, sizeof(C) * size_t(P->Dv));
-    return false;
   }
   void rows_done(int64_t nr, int64_t rq) {  // zero rows up to whole lane groups (padding stays zero)
     std::memset(static_cast<void*>(S->qs + nr * dkp), 0, sizeof(C) * size_t((rq - nr) * dkp));
@@ -321,7 +356,8 @@ struct WideBwd {
 template <class Dot, class T>
 __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_t b,
                                                 int64_t g, int64_t kb, const RowBlocks& rb, const DqOrder& order,
-                                                typename Compute<T>::type* dq, uint8_t* row_nan) {
+                                                const RowStats<T>& rs, typename Compute<T>::type* dq,
+                                                uint8_t* row_nan) {
   using C = typename Compute<T>::type;
   using V = typename VecOf<C>::V;
   constexpr int64_t W = BwdBufs<T>::W;
@@ -410,14 +446,15 @@ __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, 
         }
       }
       if (ja >= jz) continue;
-      // Q and dO rows of the block, and D_i = rowsum(dO o O) - dlse_i
-      uint8_t row_bad[kBlockQ] = {}, dq_nan[kBlockQ] = {};
-      alignas(64) C drow_dot[kBlockQ];
+      // Q and dO rows of the block; D_i = rowsum(dO o O) - dlse_i and the rows' finiteness (RowStats)
+      const int64_t row0 = (b * P.H + h) * P.Nq + i0;
+      const C* drow_dot = rs.delta + row0;
+      const uint8_t* row_bad = rs.bad + row0;
+      uint8_t dq_nan[kBlockQ] = {};
       for (int64_t r = 0; r < nr; ++r) {
         const T* qrow = q + b * P.q.s0 + h * P.q.s1 + (i0 + r) * P.q.s2;
         const T* drow = dout + b * P.dout_s.s0 + h * P.dout_s.s1 + (i0 + r) * P.dout_s.s2;
-        row_bad[r] = uint8_t(!dot.row(r, qrow, drow));
-        drow_dot[r] = row_delta<T>(P, b, h, i0 + r, drow);
+        dot.row(r, qrow, drow, row_bad[r] != 0);
       }
       dot.rows_done(nr, int64_t(nlg) * kLanes);
       // outside its own computed keys, a lane group's columns of the block-wide P^T, dS^T are zero
@@ -538,6 +575,14 @@ __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, 
         // dQ = dS K for these lane groups (line 18), added to dQ in order below
         dot.dq(first, two, a, n);
       }
+      // the dQ rows this tile adds to, towards L2 while dK / dV are summed: read from memory at the
+      // add, they stalled it (~5% of a bf16 backward in perf, dq being B H Nq Dk floats)
+      for (int lg = 0; lg < nlg; ++lg)
+        if (tm[lg].mode != TILE_SKIP)
+          for (int l = 0; l < lgs[lg].n; ++l) {
+            const char* r = reinterpret_cast<const char*>(dq + (row0 + lg * kLanes + l) * P.Dk);
+            for (int64_t x = 0; x < P.Dk * int64_t(sizeof(C)); x += 64) __builtin_prefetch(r + x, 1, 2);
+          }
       // dV += P^T dO, dK += dS^T Q over the block's keys [ja, jz) (lines 12, 17): lanes over Dv / Dk.
       // The block's sum starts from zero and is added compensated (microkernel.hpp): over Nq rows the
       // error stays that of one block's sum instead of growing with Nq / 64.
@@ -575,8 +620,9 @@ __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, 
 // over its vdpbf16ps Dot): keep the signature in step.
 template <class T>
 static void bwd_item(const Params& P, BwdBufs<T>& S, int tid, int64_t it, int64_t b, int64_t g, int64_t kb,
-                     const RowBlocks& rb, const DqOrder& order, typename Compute<T>::type* dq, uint8_t* row_nan) {
-  bwd_tiles<WideBwd<T>>(P, S, tid, it, b, g, kb, rb, order, dq, row_nan);
+                     const RowBlocks& rb, const DqOrder& order, const RowStats<T>& rs, typename Compute<T>::type* dq,
+                     uint8_t* row_nan) {
+  bwd_tiles<WideBwd<T>>(P, S, tid, it, b, g, kb, rb, order, rs, dq, row_nan);
 }
 
 }  // namespace QKV_NS

@@ -356,11 +356,9 @@ struct Bf16Bwd {
     }
     return buf;
   }
-  bool row(int64_t r, const bf16_t* q, const bf16_t* d) {
-    const bool ok = storage_finite(q, P->Dk) && storage_finite(d, P->Dv);
-    qrow[r] = ok ? reinterpret_cast<const uint16_t*>(q) : nullptr;
-    drow[r] = ok ? reinterpret_cast<const uint16_t*>(d) : nullptr;
-    return ok;
+  void row(int64_t r, const bf16_t* q, const bf16_t* d, bool bad) {
+    qrow[r] = bad ? nullptr : reinterpret_cast<const uint16_t*>(q);
+    drow[r] = bad ? nullptr : reinterpret_cast<const uint16_t*>(d);
   }
   // the block's Q and dO rows as query pairs [rq/2][dkp] / [rq/2][dvp] dwords (padding stays zero)
   void rows_done(int64_t nr, int64_t rq) {
@@ -487,8 +485,9 @@ struct Bf16Bwd {
 
 template <>
 void bwd_item<bf16_t>(const Params& P, BwdBufs<bf16_t>& S, int tid, int64_t it, int64_t b, int64_t g, int64_t kb,
-                      const RowBlocks& rb, const DqOrder& order, float* dq, uint8_t* row_nan) {
-  bwd_tiles<Bf16Bwd>(P, S, tid, it, b, g, kb, rb, order, dq, row_nan);
+                      const RowBlocks& rb, const DqOrder& order, const RowStats<bf16_t>& rs, float* dq,
+                      uint8_t* row_nan) {
+  bwd_tiles<Bf16Bwd>(P, S, tid, it, b, g, kb, rb, order, rs, dq, row_nan);
 }
 
 }  // namespace QKV_NS

@@ -127,7 +127,16 @@ struct BwdJob {
   uint8_t* row_nan = nullptr;  // (B, H, Nq) bits: the row sent NaN along its edges (finite.hpp)
   RowBlocks rb;
   DqOrder order;
+  RowStats<T> rs;
 };
+
+template <class T>
+static void bwd_rows_task(void* ctx, int tid) {  // RowStats, the rows split evenly over the threads
+  BwdJob<T>& J = *static_cast<BwdJob<T>*>(ctx);
+  const Params& P = *J.P;
+  const int64_t rows = P.B * P.H * P.Nq;
+  J.rs.fill(P, rows * tid / J.nt, rows * (tid + 1) / J.nt);
+}
 
 template <class T>
 static void bwd_task(void* ctx, int tid) {
@@ -139,7 +148,7 @@ static void bwd_task(void* ctx, int tid) {
     const int64_t it = J.order.item(tid, n);
     if (it < 0) break;
     const int64_t kb = it % J.nkb, bg = it / J.nkb;
-    bwd_item<T>(P, S, tid, it, bg / P.Hkv, bg % P.Hkv, kb, J.rb, J.order, J.dq, J.row_nan);
+    bwd_item<T>(P, S, tid, it, bg / P.Hkv, bg % P.Hkv, kb, J.rb, J.order, J.rs, J.dq, J.row_nan);
   }
 }
 
@@ -289,10 +298,11 @@ static bool backward_impl(const Params& P0) {
   const int64_t rows = P.B * P.H * P.Nq, dq_n = rows * P.Dk, nbq = (P.Nq + P.bq - 1) / P.bq;
   J.row_nan = static_cast<uint8_t*>(std::calloc(size_t((rows + 7) / 8), 1));
   bool ok = J.row_nan && J.rb.build(P) && J.order.init(J.nt, (P.H / P.Hkv) * nbq + 1, J.nkb, P.B * P.Hkv) &&
-            J.arena.alloc(J.nt, BwdBufs<T>::bytes(P));
+            J.arena.alloc(J.nt, BwdBufs<T>::bytes(P)) && J.rs.alloc(P);
   if (ok) {
     J.dq = static_cast<C*>(P.dq);
     std::memset(static_cast<void*>(J.dq), 0, sizeof(C) * size_t(dq_n));
+    run_parallel(P, J.nt, &bwd_rows_task<T>, &J);
     run_parallel(P, J.nt, &bwd_task<T>, &J);
     // dQ rows that are not finite although their row sent no NaN: finite inputs overflowed
     for (int64_t r = 0; r < rows; ++r)
