@@ -228,3 +228,48 @@ def test_torch_autograd_through_attention(q_shape, kv_shape, mask_id, score_id, 
     back = qkv.attention_backward(dout, q, k, v, g_out, g_lse, **kw)
     for name, g, b in zip(("dq", "dk", "dv"), grads, back, strict=True):
         assert_close(g, b, tol=1e-10, name=name)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("nq", [1, 63, 64, 130])
+def test_rows_apart_give_the_bits_of_dense_rows(nq, dtype, monkeypatch):
+    """q, k, v, dO as transformers hands them over ((B, N, H, D) projections seen as (B, H, N, D),
+    a head's rows D * H apart) give the outputs and gradients of the same values laid out dense, to
+    the bit; a call of at least BLOCK_Q query rows hands the kernel dense rows (a copy), a smaller
+    one (a decode step) the caller's strided K and V as they are."""
+    import torch
+
+    from qkv import _native as native
+
+    if not native.available():
+        pytest.skip("compiled kernel not built")
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(nq)
+    b, h, hkv, nk, d = 2, 4, 2, 150, 32
+    apart = [
+        torch.randn(b, n, heads, d, generator=g).to(dt).transpose(1, 2) for n, heads in ((nq, h), (nk, hkv), (nk, hkv))
+    ]
+    dense = [x.contiguous() for x in apart]
+    dout = torch.randn(b, nq, h, d, generator=g).to(dt).transpose(1, 2)
+    seen = []
+    forward = native.forward
+
+    def spy(q, k, *rest, **kw):
+        seen.append((q.stride(-2), k.stride(-2)))
+        return forward(q, k, *rest, **kw)
+
+    monkeypatch.setattr(native, "forward", spy)
+    results = []
+    for xs, do in ((apart, dout), (dense, dout.contiguous())):
+        xs = [x.detach().requires_grad_() for x in xs]
+        out = qkv.attention(*xs, causal=nq > 1, impl="flash")
+        out.backward(do)
+        results.append([out.detach(), *(x.grad for x in xs)])
+    for got, want in zip(*results, strict=True):
+        assert torch.equal(got, want)
+    # the kernel's q and k rows (a single query row's stride means nothing)
+    copied = nq >= native.BLOCK_Q
+    assert seen[0][1] == (d if copied else hkv * d)
+    assert nq == 1 or seen[0][0] == (d if copied else h * d)
+    assert seen[1][1] == d
