@@ -130,12 +130,27 @@ struct BwdJob {
   RowStats<T> rs;
 };
 
+// Before the key tiles, the rows (B H Nq) split evenly over the threads: RowStats, and dQ's rows
+// zeroed (a fresh dq's first touch: page faults too, so not on one thread; 8 MiB at H=8 N=4096 Dk=64)
 template <class T>
-static void bwd_rows_task(void* ctx, int tid) {  // RowStats, the rows split evenly over the threads
+static void bwd_rows_task(void* ctx, int tid) {
+  using C = typename Compute<T>::type;
+  BwdJob<T>& J = *static_cast<BwdJob<T>*>(ctx);
+  const Params& P = *J.P;
+  const int64_t rows = P.B * P.H * P.Nq, r0 = rows * tid / J.nt, r1 = rows * (tid + 1) / J.nt;
+  J.rs.fill(P, r0, r1);
+  std::memset(static_cast<void*>(J.dq + r0 * P.Dk), 0, sizeof(C) * size_t((r1 - r0) * P.Dk));
+}
+
+// After them, split alike: dQ rows that are not finite although their row sent no NaN (finite
+// inputs overflowed, counted)
+template <class T>
+static void bwd_check_task(void* ctx, int tid) {
   BwdJob<T>& J = *static_cast<BwdJob<T>*>(ctx);
   const Params& P = *J.P;
   const int64_t rows = P.B * P.H * P.Nq;
-  J.rs.fill(P, rows * tid / J.nt, rows * (tid + 1) / J.nt);
+  for (int64_t r = rows * tid / J.nt; r < rows * (tid + 1) / J.nt; ++r)
+    if (!((J.row_nan[r / 8] >> (r % 8)) & 1) && !all_finite(J.dq + r * P.Dk, P.Dk)) count_row(P, kOverflow);
 }
 
 template <class T>
@@ -295,18 +310,15 @@ static bool backward_impl(const Params& P0) {
   J.n_items = P.B * P.Hkv * J.nkb;
   // every thread of the call must run at once (DqOrder waits on the others): one without a pool
   J.nt = P.parallel ? int(imax(1, imin(P.threads, J.n_items))) : 1;
-  const int64_t rows = P.B * P.H * P.Nq, dq_n = rows * P.Dk, nbq = (P.Nq + P.bq - 1) / P.bq;
+  const int64_t rows = P.B * P.H * P.Nq, nbq = (P.Nq + P.bq - 1) / P.bq;
   J.row_nan = static_cast<uint8_t*>(std::calloc(size_t((rows + 7) / 8), 1));
   bool ok = J.row_nan && J.rb.build(P) && J.order.init(J.nt, (P.H / P.Hkv) * nbq + 1, J.nkb, P.B * P.Hkv) &&
             J.arena.alloc(J.nt, BwdBufs<T>::bytes(P)) && J.rs.alloc(P);
   if (ok) {
     J.dq = static_cast<C*>(P.dq);
-    std::memset(static_cast<void*>(J.dq), 0, sizeof(C) * size_t(dq_n));
     run_parallel(P, J.nt, &bwd_rows_task<T>, &J);
     run_parallel(P, J.nt, &bwd_task<T>, &J);
-    // dQ rows that are not finite although their row sent no NaN: finite inputs overflowed
-    for (int64_t r = 0; r < rows; ++r)
-      if (!((J.row_nan[r / 8] >> (r % 8)) & 1) && !all_finite(J.dq + r * P.Dk, P.Dk)) count_row(P, kOverflow);
+    run_parallel(P, J.nt, &bwd_check_task<T>, &J);
   }
   std::free(J.row_nan);
   return ok;
