@@ -243,6 +243,8 @@ def plan(impl: str, c: Call) -> Plan:
         mask_plan = None if c.mask is None else masks.plan(c.mask, d.nq, d.nk, lead, *tiles)
         if fmt is not None:
             reason = _joined(reason, f"the {fmt} K/V read in place, dequantized in registers")
+        if d.nq <= native.DECODE_MAX_NQ:  # the decode loop; its prefetch target depends on the CPU
+            reason = _joined(reason, f"the decode loop, K/V prefetched into {native.decode_prefetch().upper()}")
         return Plan(c, "flash", "native", reason, tiles, threads(), mask_plan, kv_format=fmt)
     # the engine's reason joins the rule's parentheses: still one sentence
     reason = _joined(reason, f"array engine: {engine_why}")

@@ -146,6 +146,28 @@ def use_isa(name: str) -> Iterator[None]:
         _ext.set_isa(old)
 
 
+def decode_prefetch() -> str:
+    """Where the decode loop (``Nq <= DECODE_MAX_NQ``) prefetches the K/V lines it reads ahead:
+    ``"l2"`` (into L2 only: AMD family 19h, where prefetching into L1 was measured slower than no
+    prefetch) or ``"l1"`` (elsewhere). Picked once from the CPU; ``QKV_DECODE_PREFETCH=l1|l2``
+    forces one."""
+    _need()
+    return _ext.decode_prefetch()
+
+
+@contextlib.contextmanager
+def use_decode_prefetch(name: str) -> Iterator[None]:
+    """Force the decode loop's prefetch target ``"l1"`` or ``"l2"`` inside the ``with`` block (for
+    tests and benchmarks). Process-wide, as ``use_isa``."""
+    _need()
+    old = _ext.decode_prefetch()
+    _ext.set_decode_prefetch(name)
+    try:
+        yield
+    finally:
+        _ext.set_decode_prefetch(old)
+
+
 def tile_shape(nq: int, nk: int, dk: int, dv: int, dtype: str) -> tuple[int, int]:
     """``(block_q, block_k)`` of a call with these sizes: the grid of ``tile_class``,
     ``bitmap_index`` and ``bitmaps`` (``nbq = ceil(nq / block_q)``, ``nbk = ceil(nk / block_k)``)."""
@@ -314,11 +336,13 @@ __all__ = [
     "ModKind",
     "available",
     "backward",
+    "decode_prefetch",
     "forward",
     "isa",
     "isas",
     "philox_keep",
     "reason",
     "tile_shape",
+    "use_decode_prefetch",
     "use_isa",
 ]

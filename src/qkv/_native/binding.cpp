@@ -278,6 +278,15 @@ NB_MODULE(_ext, m) {  // NOLINT(cppcoreguidelines-pro-type-cstyle-cast): nanobin
         set_current(t);
       },
       nb::arg("name"));
+  // The decode loop's prefetch target (dispatch.cpp): "l1" or "l2", picked once from the CPU.
+  m.def("decode_prefetch", [] { return std::string(decode_prefetch() == Prefetch::l2 ? "l2" : "l1"); });
+  m.def(
+      "set_decode_prefetch",
+      [](const std::string& name) {
+        if (name != "l1" && name != "l2") value_error("decode prefetch must be 'l1' or 'l2', got '" + name + "'");
+        set_decode_prefetch(name == "l2" ? Prefetch::l2 : Prefetch::l1);
+      },
+      nb::arg("name"));
   m.def(
       "tile_shape",
       [](int64_t nq, int64_t nk, int64_t dk, int64_t dv, const std::string& dtype) {

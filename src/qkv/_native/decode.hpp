@@ -34,16 +34,20 @@ inline namespace QKV_NS {
 constexpr int kThinMaxRows = 8;
 // Keys read ahead by software prefetch (K in the score pass, V in the P.V pass). Without it the
 // one-thread read of a 32k-key bf16 cache ran at 0.75x (GQA) of the prefetched one on Zen 5; 16,
-// 32, 64 and 128 keys measured alike within the noise of a shared machine. QKV_DECODE_PREFETCH
-// (0: none) and QKV_DECODE_PF_LOCALITY (__builtin_prefetch's 0-3) exist for benchmarks/decode_ab.sh,
-// which builds variants of this loop side by side to measure them on another CPU.
+// 32, 64 and 128 keys measured alike within the noise of a shared machine. Where the lines go (L1,
+// or L2 only: P.prefetch) depends on the CPU (dispatch.cpp). QKV_DECODE_PREFETCH (0: none) exists
+// for benchmarks/decode_ab.sh, which builds variants of this loop side by side to measure them.
 #ifndef QKV_DECODE_PREFETCH
 #define QKV_DECODE_PREFETCH 64
 #endif
-#ifndef QKV_DECODE_PF_LOCALITY
-#define QKV_DECODE_PF_LOCALITY 3
-#endif
 constexpr int64_t kDecodePrefetch = QKV_DECODE_PREFETCH;
+
+// One software prefetch of a K/V line read kDecodePrefetch keys later: into L1 (prefetcht0), or
+// into L2 only (prefetcht2; L2 = true).
+template <bool L2>
+static inline void prefetch_line(const void* p) {
+  __builtin_prefetch(p, 0, L2 ? 1 : 3);
+}
 // A decode call reading fewer K+V bytes runs on the calling thread: waking the pool (~5-10 us,
 // far more on a busy machine) would cost more than the read it shares (256 KiB: ~3-6 us on one
 // core).
@@ -189,7 +193,7 @@ static inline char* decode_scratch(size_t bytes) {
 // (a pointer per chunk across 16 rows would need more address registers than x86 has), and acc is
 // only ever indexed by constants: a runtime index puts the 16 accumulators on the stack (measured
 // 3x slower).
-template <int R, int NCQ, int LD, class E, class C>
+template <bool L2, int R, int NCQ, int LD, class E, class C>
 static inline void dec_block_t(const E* kp, int64_t ld_, int64_t jn, int64_t nck, const C* qr, int64_t dkp, C* sc,
                                int64_t lds, int64_t ahead, typename VecOf<C>::V& probe) {
   using V = typename VecOf<C>::V;
@@ -225,7 +229,7 @@ static inline void dec_block_t(const E* kp, int64_t ld_, int64_t jn, int64_t nck
             // the same row kDecodePrefetch keys ahead, in the loop that reads K (a separate
             // prefetch loop cost ~10% of the scores, and gcc may delete it as side-effect free)
             if (kDecodePrefetch > 0 && (c0 + c) % kPfEvery == 0 && pf)
-              __builtin_prefetch(kr + kDecodePrefetch * ldk + c * kLanes, 0, QKV_DECODE_PF_LOCALITY);
+              prefetch_line<L2>(kr + kDecodePrefetch * ldk + c * kLanes);
             const V k = vload_kv(kr + c * kLanes);
 #pragma GCC unroll 4
             for (int r = 0; r < R; ++r) acc[r * KB + i] = vfma(k, q[r][c], acc[r * KB + i]);
@@ -254,33 +258,33 @@ static inline void dec_block_t(const E* kp, int64_t ld_, int64_t jn, int64_t nck
 }
 
 // dec_block_t for R rows with q's chunks taken as many at a time as the registers allow.
-template <int R, class E, class C>
+template <bool L2, int R, class E, class C>
 static inline void dec_block(const E* kp, int64_t ldk, int64_t jn, int64_t nck, const C* qr, int64_t dkp, C* sc,
                              int64_t lds, int64_t ahead, typename VecOf<C>::V& probe) {
   constexpr int kMaxQ = R == 1 ? 8 : 8 / R;  // q registers: 8 of the 32 zmm
   if constexpr (R == 1) {                    // one row: Dk = 64 and 128 with the stride known (contiguous K)
     if (nck == 4 && ldk == 4 * kLanes)
-      return dec_block_t<R, 4, 4 * kLanes>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+      return dec_block_t<L2, R, 4, 4 * kLanes>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
     if (nck == 8 && ldk == 8 * kLanes)
-      return dec_block_t<R, 8, 8 * kLanes>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+      return dec_block_t<L2, R, 8, 8 * kLanes>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
   }
   if constexpr (kMaxQ >= 8)
-    if (nck % 8 == 0) return dec_block_t<R, 8, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+    if (nck % 8 == 0) return dec_block_t<L2, R, 8, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
   if constexpr (R == 1) {
-    if (nck == 6) return dec_block_t<R, 6, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
-    if (nck == 3) return dec_block_t<R, 3, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+    if (nck == 6) return dec_block_t<L2, R, 6, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+    if (nck == 3) return dec_block_t<L2, R, 3, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
   }
   if constexpr (kMaxQ >= 4)
-    if (nck % 4 == 0) return dec_block_t<R, 4, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+    if (nck % 4 == 0) return dec_block_t<L2, R, 4, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
   if constexpr (kMaxQ >= 2)
-    if (nck % 2 == 0) return dec_block_t<R, 2, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
-  dec_block_t<R, 1, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+    if (nck % 2 == 0) return dec_block_t<L2, R, 2, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+  dec_block_t<L2, R, 1, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
 }
 
 // Raw scores of rows [0, n) (n <= 8) against keys [0, jn): blocks of 4, 2 and 1 rows (a second
 // block re-reads the tile's K from L1; the prefetch runs with the first). Returns whether some
 // score is not finite.
-template <class E, class C>
+template <bool L2, class E, class C>
 static inline bool dec_scores(const E* kp, int64_t ldk, int64_t jn, int64_t nck, const C* qr, int64_t dkp, int n, C* sc,
                               int64_t lds, int64_t ahead) {
   using V = typename VecOf<C>::V;
@@ -290,13 +294,13 @@ static inline bool dec_scores(const E* kp, int64_t ldk, int64_t jn, int64_t nck,
     const C* q = qr + r * dkp;
     C* s = sc + r * lds;
     if (rem >= 4) {
-      dec_block<4>(kp, ldk, jn, nck, q, dkp, s, lds, ahead, probe);
+      dec_block<L2, 4>(kp, ldk, jn, nck, q, dkp, s, lds, ahead, probe);
       r += 4;
     } else if (rem >= 2) {
-      dec_block<2>(kp, ldk, jn, nck, q, dkp, s, lds, ahead, probe);
+      dec_block<L2, 2>(kp, ldk, jn, nck, q, dkp, s, lds, ahead, probe);
       r += 2;
     } else {
-      dec_block<1>(kp, ldk, jn, nck, q, dkp, s, lds, ahead, probe);
+      dec_block<L2, 1>(kp, ldk, jn, nck, q, dkp, s, lds, ahead, probe);
       r += 1;
     }
     ahead = 0;  // prefetched once
@@ -368,7 +372,7 @@ static inline void dec_softmax_plain(const Params& P, const LaneGroup& lg, int64
 // (4 cycles, 2 FMAs a cycle): even and odd keys then go to two accumulator sets, summed at the end.
 // pf: prefetch the same V lines kDecodePrefetch keys ahead (one per 64 bytes, in the loop that reads
 // V: no separate loop for the compiler to drop).
-template <class E, int ROWS, int NC, class C>
+template <bool L2, class E, int ROWS, int NC, class C>
 static inline void pv_block(const E* vp, int64_t ldv, int64_t jn, const C* p, int64_t psl, int64_t psj, C* tsum,
                             int64_t dvp, int64_t c0, bool pf) {
   using V = typename VecOf<C>::V;
@@ -391,7 +395,7 @@ static inline void pv_block(const E* vp, int64_t ldv, int64_t jn, const C* p, in
 #pragma GCC unroll 8
       for (int c = 0; c < NC; ++c) {
         if (kDecodePrefetch > 0 && (c0 + c) % kPfEvery == 0 && pf)
-          __builtin_prefetch(vr + kDecodePrefetch * ldv + c * kLanes, 0, QKV_DECODE_PF_LOCALITY);
+          prefetch_line<L2>(vr + kDecodePrefetch * ldv + c * kLanes);
         v[c] = vload_kv(vr + c * kLanes);
       }
 #pragma GCC unroll 8
@@ -421,7 +425,7 @@ static inline void pv_block(const E* vp, int64_t ldv, int64_t jn, const C* p, in
     }
 }
 
-template <class E, int ROWS, class C>
+template <bool L2, class E, int ROWS, class C>
 static inline void pv_rows(const E* vp, int64_t ldv, int64_t jn, const C* p, int64_t psl, int64_t psj, C* tsum,
                            int64_t dvp, bool pf) {
   // accumulators held in registers: 16 of the 32 zmm (AVX-512), the micro-kernel's count elsewhere
@@ -430,18 +434,18 @@ static inline void pv_rows(const E* vp, int64_t ldv, int64_t jn, const C* p, int
   const int64_t ncv = dvp / kLanes;
   int64_t c0 = 0;
   if constexpr (per >= 8)
-    for (; c0 + 8 <= ncv; c0 += 8) pv_block<E, ROWS, 8>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf);
+    for (; c0 + 8 <= ncv; c0 += 8) pv_block<L2, E, ROWS, 8>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf);
   if constexpr (per >= 4)
-    for (; c0 + 4 <= ncv; c0 += 4) pv_block<E, ROWS, 4>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf);
+    for (; c0 + 4 <= ncv; c0 += 4) pv_block<L2, E, ROWS, 4>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf);
   if constexpr (per >= 2)
-    for (; c0 + 2 <= ncv; c0 += 2) pv_block<E, ROWS, 2>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf);
-  for (; c0 < ncv; ++c0) pv_block<E, ROWS, 1>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf);
+    for (; c0 + 2 <= ncv; c0 += 2) pv_block<L2, E, ROWS, 2>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf);
+  for (; c0 < ncv; ++c0) pv_block<L2, E, ROWS, 1>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf);
 }
 
 // O rows = O rows alpha + P V over the tile's keys: the tile summed from zero in tsum (in passes
 // of kPvKeys keys, V prefetched ahead by the first row block), then added compensated per row
 // (microkernel.hpp).
-template <class E, class C>
+template <bool L2, class E, class C>
 static inline void dec_pv(const E* vp, int64_t ldv, int64_t jn, const C* p, int64_t psl, int64_t psj, int n, C* tsum,
                           C* orow, C* oc, int64_t dvp, const C* alpha, int64_t ahead) {
   using V = typename VecOf<C>::V;
@@ -454,13 +458,13 @@ static inline void dec_pv(const E* vp, int64_t ldv, int64_t jn, const C* p, int6
     for (int r = 0; r < n;) {
       const int rem = n - r;
       if (rem >= 4) {
-        pv_rows<E, 4>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp, pf);
+        pv_rows<L2, E, 4>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp, pf);
         r += 4;
       } else if (rem >= 2) {
-        pv_rows<E, 2>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp, pf);
+        pv_rows<L2, E, 2>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp, pf);
         r += 2;
       } else {
-        pv_rows<E, 1>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp, pf);
+        pv_rows<L2, E, 1>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp, pf);
         r += 1;
       }
       pf = false;  // prefetched once
@@ -529,7 +533,7 @@ static inline bool scale_keys(C* x, int64_t lds, int n, int64_t jn, const C* f) 
 // T itself or the codes of a quantized cache (quant.hpp), read in place where a tile is FULL and
 // plain (scores and P scaled by the key factors, 16 keys a vector), else dequantised into the
 // widened copy that the other tiles take.
-template <class T, class E>
+template <class T, class E, bool L2>
 __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename Compute<T>::type>& S,
                                                const LaneGroup& lg, int64_t ka, int64_t kz, uint8_t* fl) {
   using C = typename Compute<T>::type;
@@ -589,7 +593,7 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
       // FULL tile, read in place: a non-finite score means a non-finite k row (or k scale) or an
       // overflow; every lane attends every key, so a bad k row flags them all (v: through the O rows)
       const E* kp = kbase + j0 * P.k.s2;
-      [[maybe_unused]] const bool bad = dec_scores(kp, P.k.s2, jn, dkp / kLanes, S.qr, dkp, n, S.sc, lds, ahead);
+      [[maybe_unused]] const bool bad = dec_scores<L2>(kp, P.k.s2, jn, dkp / kLanes, S.qr, dkp, n, S.sc, lds, ahead);
       if constexpr (kCodes) {
         key_factors<E>(P.k_scale, lg.b, lg.g, j0, jn, S.ks);
         key_factors<E>(P.v_scale, lg.b, lg.g, j0, jn, S.vs);
@@ -620,7 +624,7 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
         clean_tile<T>(P, &lg, 1, &tm, j0, jn, S.kc, S.vc, dkp, dvp, kp, ldk, vcopy, ldv,
                       reinterpret_cast<uint8_t (*)[kLanes]>(fl));
       }
-      dec_scores(kp, ldk, jn, dkp / kLanes, S.qr, dkp, n, S.sc, lds, int64_t(0));
+      dec_scores<L2>(kp, ldk, jn, dkp / kLanes, S.qr, dkp, n, S.sc, lds, int64_t(0));
     }
     if (plain && direct) {
       dec_softmax_plain(P, lg, j0, jn, S.sc, lds, S.ml);
@@ -642,9 +646,9 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
       psj = kLanes;
     }
     if (vcopy)
-      dec_pv(vcopy, ldv, jn, p, psl, psj, n, S.tsum, S.orow, S.oc, dvp, al, int64_t(0));
+      dec_pv<L2>(vcopy, ldv, jn, p, psl, psj, n, S.tsum, S.orow, S.oc, dvp, al, int64_t(0));
     else if constexpr (kInPlace)
-      dec_pv(vd, ldv, jn, p, psl, psj, n, S.tsum, S.orow, S.oc, dvp, al, ahead);
+      dec_pv<L2>(vd, ldv, jn, p, psl, psj, n, S.tsum, S.orow, S.oc, dvp, al, ahead);
   }
 }
 
@@ -741,20 +745,28 @@ static int decode_rowset(const Params& P, const DecodeJob<T>& J, int64_t item, L
   return nlg;
 }
 
-// dec_thin for the call's K/V storage.
+// dec_thin for the call's K/V storage and the CPU's prefetch target.
+template <class T, bool L2>
+static inline void dec_thin_format(const Params& P, DecBufs<typename Compute<T>::type>& S, const LaneGroup& lg,
+                                   int64_t ka, int64_t kz, uint8_t* fl) {
+  switch (P.kv_format) {
+    case KvFormat::i8:
+      return dec_thin<T, i8_t, L2>(P, S, lg, ka, kz, fl);
+    case KvFormat::e4m3:
+      return dec_thin<T, e4m3_t, L2>(P, S, lg, ka, kz, fl);
+    case KvFormat::e5m2:
+      return dec_thin<T, e5m2_t, L2>(P, S, lg, ka, kz, fl);
+    default:
+      return dec_thin<T, T, L2>(P, S, lg, ka, kz, fl);
+  }
+}
 template <class T>
 static inline void dec_thin_any(const Params& P, DecBufs<typename Compute<T>::type>& S, const LaneGroup& lg, int64_t ka,
                                 int64_t kz, uint8_t* fl) {
-  switch (P.kv_format) {
-    case KvFormat::i8:
-      return dec_thin<T, i8_t>(P, S, lg, ka, kz, fl);
-    case KvFormat::e4m3:
-      return dec_thin<T, e4m3_t>(P, S, lg, ka, kz, fl);
-    case KvFormat::e5m2:
-      return dec_thin<T, e5m2_t>(P, S, lg, ka, kz, fl);
-    default:
-      return dec_thin<T, T>(P, S, lg, ka, kz, fl);
-  }
+  if (P.prefetch == Prefetch::l2)
+    dec_thin_format<T, true>(P, S, lg, ka, kz, fl);
+  else
+    dec_thin_format<T, false>(P, S, lg, ka, kz, fl);
 }
 
 template <class T>

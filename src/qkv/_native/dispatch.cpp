@@ -6,6 +6,9 @@
 #include <string>
 
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "dispatch.hpp"
 #include "threads.hpp"
@@ -165,5 +168,43 @@ const KernelTable* current() {
 }
 
 void set_current(const KernelTable* t) { g_current = t; }
+
+// ------------------------------------------------------------------ the decode loop's prefetch
+
+// Decode streams K and V once (decode.hpp) and prefetches kDecodePrefetch keys ahead. On AMD family
+// 19h (Zen 4: EPYC family 25 model 17, measured; Zen 3 shares the family number) prefetching into
+// L1 (prefetcht0) made the step slower than no prefetch at all, while prefetching into L2 only
+// (prefetcht2; prefetcht1 measured alike) came close to the floor: benchmarks/decode_ab.sh, 2
+// threads, Nk = 32768, interleaved medians on a loaded machine — fraction of the read floor L1 ->
+// L2: bf16 MHA 8/8 D=64 0.38-0.44 -> 0.75-1.07 (four runs), GQA 32/8 D=128 0.45 -> 0.85, float32
+// MHA 0.62 -> 0.93, int8 MHA 0.33-0.42 -> 0.52-0.64, E5M2 MHA 0.31 -> 0.49; E4M3 alike (its loop
+// is bound by its own arithmetic). Zen 5 chose L1 against no prefetch (decode.hpp); other CPUs
+// keep it until measured. QKV_DECODE_PREFETCH=l1|l2 (or set_decode_prefetch from
+// Python) forces one, for tests and benchmarks.
+static Prefetch cpu_prefetch() {
+  if (const char* env = std::getenv("QKV_DECODE_PREFETCH")) {
+    if (!std::strcmp(env, "l1")) return Prefetch::l1;
+    if (!std::strcmp(env, "l2")) return Prefetch::l2;
+  }
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_is("amd")) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    __get_cpuid(1, &a, &b, &c, &d);
+    const unsigned family = ((a >> 8) & 0xf) + (((a >> 8) & 0xf) == 0xf ? (a >> 20) & 0xff : 0);
+    if (family == 0x19) return Prefetch::l2;
+  }
+#endif
+  return Prefetch::l1;
+}
+
+static int g_prefetch = -1;  // unset: cpu_prefetch() on first use
+
+Prefetch decode_prefetch() {
+  if (g_prefetch < 0) g_prefetch = int(cpu_prefetch());
+  return Prefetch(g_prefetch);
+}
+
+void set_decode_prefetch(Prefetch p) { g_prefetch = int(p); }
 
 }  // namespace qkv_native

@@ -10,4 +10,6 @@ const KernelTable* find_table(const char* name);  // nullptr if this CPU cannot 
 const KernelTable* current();
 void set_current(const KernelTable* t);
 ParallelFn parallel_fn();
+Prefetch decode_prefetch();  // the decode loop's prefetch target for this CPU (or as set)
+void set_decode_prefetch(Prefetch p);
 }  // namespace qkv_native

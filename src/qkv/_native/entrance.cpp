@@ -382,6 +382,7 @@ void check_call(KernelCall& c, const CallArgs& a) {
     argument_error("threads must be in [1, " + str(kMaxThreads) + "], got " + str(a.threads));
   P.threads = int(a.threads);
   P.parallel = parallel_fn();
+  P.prefetch = decode_prefetch();
   if (!(a.dropout_p >= 0.0 && a.dropout_p < 1.0))
     argument_error("dropout_p must be in [0, 1), got " + std::to_string(a.dropout_p));
   P.dropout_p = a.dropout_p;

@@ -65,6 +65,10 @@ struct Mod {
 };
 constexpr int kMaxMods = 8;
 
+// Where the decode loop's software prefetch puts the K/V lines it asks for ahead (decode.hpp): L1
+// (prefetcht0) or L2 only (prefetcht2). Picked once from the CPU (dispatch.cpp, decode_prefetch).
+enum class Prefetch : int8_t { l1 = 0, l2 = 1 };
+
 using TaskFn = void (*)(void* ctx, int tid);
 // Runs fn(ctx, tid) for tid in [0, n) on the persistent pool (threads.hpp) and returns when all
 // are done. The kernels get it as a function pointer so the ISA translation units need no
@@ -116,6 +120,7 @@ struct Params {
   void* dv = nullptr;  // C-contiguous, f32 (f64 for f64)
   int threads = 1;
   ParallelFn parallel = nullptr;
+  Prefetch prefetch = Prefetch::l1;  // the decode loop's (dispatch.cpp)
   // rows written as NaN: [0] attended a non-finite input, [1] finite inputs overflowed (finite.hpp)
   int64_t* counts = nullptr;
   // forward: one byte per aligned K/V tile (B, Hkv, nbk), the tile's non-finite verdict (finite.hpp)
