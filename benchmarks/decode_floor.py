@@ -17,6 +17,9 @@ and kv head) against the bfloat16 cache, bfloat16 queries, interleaved with each
 floor (its code and scale bytes read plainly): the fraction of the floor (target >= 0.85) and the
 speed-up over the bf16 cache (target >= 1.8x at Nk >= 8k), for the kernel call and for
 qkv.attention over qkv.Quantized (the public call, its Python included).
+`--only prefetch`: qkv.attention with the decode loop's prefetch target forced to L1 and to L2
+(`qkv._native.use_decode_prefetch`; dispatch.cpp picks one per CPU), interleaved with the floor,
+for float32 / bfloat16 caches and the three 8-bit ones: the fraction of the floor of each.
 """
 
 from __future__ import annotations
@@ -163,6 +166,42 @@ def quant_case(name, h, hkv, d, nk, rounds, stat):
         )
 
 
+def prefetch_case(name, h, hkv, d, nk, rounds, stat):
+    """qkv.attention under each prefetch target, for each cache format, against its floor."""
+    for fmt in ("float32", "bfloat16", "i8", "e4m3", "e5m2"):
+        q, k, v = tensors(h, hkv, d, nk, torch.float32 if fmt == "float32" else torch.bfloat16)
+        if fmt in ("float32", "bfloat16"):
+            kk, vv, floor = k, v, floor_reads(k, v)[0]
+            nbytes = (k.numel() + v.numel()) * k.element_size()
+        else:
+            (kc, ks), (vc, vs) = quant_tensors(k, fmt), quant_tensors(v, fmt)
+            name8 = {"i8": "int8", "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}[fmt]
+            store = torch.int8 if fmt == "i8" else getattr(torch, name8)
+            kk, vv = (qkv.Quantized(c.view(store), s, name8) for c, s in ((kc, ks), (vc, vs)))
+            codes, scales = floor_reads(kc, vc)[0], floor_reads(ks, vs)[0]
+
+            def floor(c=codes, s=scales):
+                return c() + s()
+
+            nbytes = kc.numel() + vc.numel() + 4 * (ks.numel() + vs.numel())
+
+        def under(target, q=q, kk=kk, vv=vv):
+            def run():
+                with native.use_decode_prefetch(target):
+                    qkv.attention(q, kk, vv)
+
+            return run
+
+        t = round_robin({"l1": under("l1"), "l2": under("l2"), "floor": floor}, rounds, stat=stat)
+        fl = t["floor"]
+        print(
+            f"| {name} Nk={nk} | {fmt} | {nbytes / 2**20:.1f} MiB | {t['l1'] * 1e3:.3f} (**{fl / t['l1']:.2f}**) | "
+            f"{t['l2'] * 1e3:.3f} (**{fl / t['l2']:.2f}**) | {t['l1'] / t['l2']:.2f}x | "
+            f"{fl * 1e3:.3f} ({nbytes / fl / 1e9:.1f} GB/s) |",
+            flush=True,
+        )
+
+
 def fixed_cost(rounds):
     for name, h, hkv, d in (("MHA 8/8 D=64", 8, 8, 64), ("GQA 32/8 D=128", 32, 8, 128)):
         for dtype in (torch.float32, torch.bfloat16):
@@ -225,6 +264,15 @@ def main() -> None:
         for nk in nks:
             for name, h, hkv, d in (("MHA 8/8 D=64", 8, 8, 64), ("GQA 32/8 D=128", 32, 8, 128)):
                 quant_case(name, h, hkv, d, nk, a.rounds, stat)
+    if "prefetch" in a.only:
+        print(
+            f"\n(the CPU's own target: {native.decode_prefetch()})\n| case | cache | K+V (+ scales) "
+            "| qkv.attention, L1 prefetch, ms (fraction of floor) | L2 prefetch | L2 speed-up | floor ms (GB/s) |"
+            "\n|---|---|---|---|---|---|---|"
+        )
+        for nk in nks:
+            for name, h, hkv, d in (("MHA 8/8 D=64", 8, 8, 64), ("GQA 32/8 D=128", 32, 8, 128)):
+                prefetch_case(name, h, hkv, d, nk, a.rounds, stat)
     if "fixed" in a.only:
         print("\n| fixed cost | kernel us | qkv.attention us | SDPA us |\n|---|---|---|---|")
         fixed_cost(max(5, a.rounds // 3))
