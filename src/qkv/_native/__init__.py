@@ -20,7 +20,7 @@ import contextlib
 import importlib.util
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -134,16 +134,23 @@ def isas() -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def use_isa(name: str) -> Iterator[None]:
-    """Force the path ``name`` inside the ``with`` block (for tests); raises ValueError if this
-    CPU cannot run it. Process-wide: not for concurrent use with other threads' calls."""
+def _forced(get: Callable[[], str], put: Callable[[str], None], name: str) -> Iterator[None]:
+    """One of the kernel's process-wide choices set to ``name`` for a ``with`` block, then restored."""
     _need()
-    old = _ext.isa()
-    _ext.set_isa(name)
+    old = get()
+    put(name)
     try:
         yield
     finally:
-        _ext.set_isa(old)
+        put(old)
+
+
+@contextlib.contextmanager
+def use_isa(name: str) -> Iterator[None]:
+    """Force the path ``name`` inside the ``with`` block (for tests); raises ValueError if this
+    CPU cannot run it. Process-wide: not for concurrent use with other threads' calls."""
+    with _forced(lambda: _ext.isa(), lambda x: _ext.set_isa(x), name):
+        yield
 
 
 def decode_prefetch() -> str:
@@ -159,13 +166,8 @@ def decode_prefetch() -> str:
 def use_decode_prefetch(name: str) -> Iterator[None]:
     """Force the decode loop's prefetch target ``"l1"`` or ``"l2"`` inside the ``with`` block (for
     tests and benchmarks). Process-wide, as ``use_isa``."""
-    _need()
-    old = _ext.decode_prefetch()
-    _ext.set_decode_prefetch(name)
-    try:
+    with _forced(lambda: _ext.decode_prefetch(), lambda x: _ext.set_decode_prefetch(x), name):
         yield
-    finally:
-        _ext.set_decode_prefetch(old)
 
 
 def tile_shape(nq: int, nk: int, dk: int, dv: int, dtype: str) -> tuple[int, int]:
