@@ -43,10 +43,14 @@ constexpr int kThinMaxRows = 8;
 constexpr int64_t kDecodePrefetch = QKV_DECODE_PREFETCH;
 
 // One software prefetch of a K/V line read kDecodePrefetch keys later: into L1 (prefetcht0), or
-// into L2 only (prefetcht2; L2 = true).
-template <bool L2>
-static inline void prefetch_line(const void* p) {
-  __builtin_prefetch(p, 0, L2 ? 1 : 3);
+// into L2 only (prefetcht2). The target is a run-time argument, not a template one: a predictable
+// branch beside a load (decode_ab.sh: no measurable cost), where a copy of every decode loop per
+// target was a third of each unit's machine code (AVX-512 unit 2.16 -> 1.46 MB, 15% of its build).
+static inline void prefetch_line(const void* p, Prefetch to) {
+  if (to == Prefetch::l2)
+    __builtin_prefetch(p, 0, 1);
+  else
+    __builtin_prefetch(p, 0, 3);
 }
 // A decode call reading fewer K+V bytes runs on the calling thread: waking the pool (~5-10 us,
 // far more on a busy machine) would cost more than the read it shares (256 KiB: ~3-6 us on one
@@ -126,18 +130,12 @@ static inline typename VecOf<typename Compute<E>::type>::V vload_kv(const E* p) 
 // ------------------------------------------------------------------ scratch of the thin path
 
 template <class C>
-struct DecBufs {
+struct DecBufs : Scratch<DecBufs<C>> {
   C *qr = nullptr, *orow = nullptr, *oc = nullptr, *tsum = nullptr, *sc = nullptr, *st = nullptr, *addt = nullptr,
     *kc = nullptr, *vc = nullptr, *ml = nullptr, *ks = nullptr, *vs = nullptr;
   int64_t dkp = 0, dvp = 0, lds = 0;  // set by carve()
-  static size_t bytes(const Params& P) {
-    const int64_t dkp = round_up(P.Dk, kLanes), dvp = round_up(P.Dv, kLanes), lds = round_up(P.bk, kLanes);
-    const int64_t n = kThinMaxRows;
-    const int64_t e = n * dkp + 3 * n * dvp + n * lds + 2 * P.bk * kLanes + P.bk * (dkp + dvp) + 8 * kLanes + 2 * lds;
-    return size_t(e) * sizeof(C) + 16 * 64;
-  }
-  void carve(const Params& P, char* p) {
-    Carver c{p};
+  // Each buffer once (Scratch: bytes() is the same layout measured without memory).
+  void lay(const Params& P, Carver& c) {
     dkp = round_up(P.Dk, kLanes);
     dvp = round_up(P.Dv, kLanes);
     lds = round_up(P.bk, kLanes);
@@ -193,9 +191,9 @@ static inline char* decode_scratch(size_t bytes) {
 // (a pointer per chunk across 16 rows would need more address registers than x86 has), and acc is
 // only ever indexed by constants: a runtime index puts the 16 accumulators on the stack (measured
 // 3x slower).
-template <bool L2, int R, int NCQ, int LD, class E, class C>
+template <int R, int NCQ, int LD, class E, class C>
 static inline void dec_block_t(const E* kp, int64_t ld_, int64_t jn, int64_t nck, const C* qr, int64_t dkp, C* sc,
-                               int64_t lds, int64_t ahead, typename VecOf<C>::V& probe) {
+                               int64_t lds, int64_t ahead, Prefetch to, typename VecOf<C>::V& probe) {
   using V = typename VecOf<C>::V;
   constexpr int KB = kLanes / R;  // keys per fold
   // LD > 0: K rows contiguous, LD elements apart, known here: the 16 rows of a one-row fold are
@@ -229,7 +227,7 @@ static inline void dec_block_t(const E* kp, int64_t ld_, int64_t jn, int64_t nck
             // the same row kDecodePrefetch keys ahead, in the loop that reads K (a separate
             // prefetch loop cost ~10% of the scores, and gcc may delete it as side-effect free)
             if (kDecodePrefetch > 0 && (c0 + c) % kPfEvery == 0 && pf)
-              prefetch_line<L2>(kr + kDecodePrefetch * ldk + c * kLanes);
+              prefetch_line(kr + kDecodePrefetch * ldk + c * kLanes, to);
             const V k = vload_kv(kr + c * kLanes);
 #pragma GCC unroll 4
             for (int r = 0; r < R; ++r) acc[r * KB + i] = vfma(k, q[r][c], acc[r * KB + i]);
@@ -257,36 +255,42 @@ static inline void dec_block_t(const E* kp, int64_t ld_, int64_t jn, int64_t nck
     for (int64_t j = jn; j < jv; ++j) sc[r * lds + j] = C(-INFINITY);
 }
 
-// dec_block_t for R rows with q's chunks taken as many at a time as the registers allow.
-template <bool L2, int R, class E, class C>
+// dec_block_t for R rows with q's chunks taken as many at a time as the registers allow. A unit
+// that defines QKV_DECODE_ONE_CHUNK (kernels_portable.cpp: the reference path, whose 16-lane arrays
+// made these unrolled variants most of the kernel's build time) takes one chunk at a time.
+template <int R, class E, class C>
 static inline void dec_block(const E* kp, int64_t ldk, int64_t jn, int64_t nck, const C* qr, int64_t dkp, C* sc,
-                             int64_t lds, int64_t ahead, typename VecOf<C>::V& probe) {
+                             int64_t lds, int64_t ahead, Prefetch to, typename VecOf<C>::V& probe) {
+#ifdef QKV_DECODE_ONE_CHUNK
+  dec_block_t<R, 1, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, to, probe);
+#else
   constexpr int kMaxQ = R == 1 ? 8 : 8 / R;  // q registers: 8 of the 32 zmm
   if constexpr (R == 1) {                    // one row: Dk = 64 and 128 with the stride known (contiguous K)
     if (nck == 4 && ldk == 4 * kLanes)
-      return dec_block_t<L2, R, 4, 4 * kLanes>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+      return dec_block_t<R, 4, 4 * kLanes>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, to, probe);
     if (nck == 8 && ldk == 8 * kLanes)
-      return dec_block_t<L2, R, 8, 8 * kLanes>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+      return dec_block_t<R, 8, 8 * kLanes>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, to, probe);
   }
   if constexpr (kMaxQ >= 8)
-    if (nck % 8 == 0) return dec_block_t<L2, R, 8, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+    if (nck % 8 == 0) return dec_block_t<R, 8, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, to, probe);
   if constexpr (R == 1) {
-    if (nck == 6) return dec_block_t<L2, R, 6, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
-    if (nck == 3) return dec_block_t<L2, R, 3, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+    if (nck == 6) return dec_block_t<R, 6, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, to, probe);
+    if (nck == 3) return dec_block_t<R, 3, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, to, probe);
   }
   if constexpr (kMaxQ >= 4)
-    if (nck % 4 == 0) return dec_block_t<L2, R, 4, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+    if (nck % 4 == 0) return dec_block_t<R, 4, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, to, probe);
   if constexpr (kMaxQ >= 2)
-    if (nck % 2 == 0) return dec_block_t<L2, R, 2, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
-  dec_block_t<L2, R, 1, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, probe);
+    if (nck % 2 == 0) return dec_block_t<R, 2, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, to, probe);
+  dec_block_t<R, 1, 0>(kp, ldk, jn, nck, qr, dkp, sc, lds, ahead, to, probe);
+#endif
 }
 
 // Raw scores of rows [0, n) (n <= 8) against keys [0, jn): blocks of 4, 2 and 1 rows (a second
 // block re-reads the tile's K from L1; the prefetch runs with the first). Returns whether some
 // score is not finite.
-template <bool L2, class E, class C>
+template <class E, class C>
 static inline bool dec_scores(const E* kp, int64_t ldk, int64_t jn, int64_t nck, const C* qr, int64_t dkp, int n, C* sc,
-                              int64_t lds, int64_t ahead) {
+                              int64_t lds, int64_t ahead, Prefetch to) {
   using V = typename VecOf<C>::V;
   V probe = vzero<V>();
   for (int r = 0; r < n;) {
@@ -294,13 +298,13 @@ static inline bool dec_scores(const E* kp, int64_t ldk, int64_t jn, int64_t nck,
     const C* q = qr + r * dkp;
     C* s = sc + r * lds;
     if (rem >= 4) {
-      dec_block<L2, 4>(kp, ldk, jn, nck, q, dkp, s, lds, ahead, probe);
+      dec_block<4>(kp, ldk, jn, nck, q, dkp, s, lds, ahead, to, probe);
       r += 4;
     } else if (rem >= 2) {
-      dec_block<L2, 2>(kp, ldk, jn, nck, q, dkp, s, lds, ahead, probe);
+      dec_block<2>(kp, ldk, jn, nck, q, dkp, s, lds, ahead, to, probe);
       r += 2;
     } else {
-      dec_block<L2, 1>(kp, ldk, jn, nck, q, dkp, s, lds, ahead, probe);
+      dec_block<1>(kp, ldk, jn, nck, q, dkp, s, lds, ahead, to, probe);
       r += 1;
     }
     ahead = 0;  // prefetched once
@@ -372,9 +376,9 @@ static inline void dec_softmax_plain(const Params& P, const LaneGroup& lg, int64
 // (4 cycles, 2 FMAs a cycle): even and odd keys then go to two accumulator sets, summed at the end.
 // pf: prefetch the same V lines kDecodePrefetch keys ahead (one per 64 bytes, in the loop that reads
 // V: no separate loop for the compiler to drop).
-template <bool L2, class E, int ROWS, int NC, class C>
+template <class E, int ROWS, int NC, class C>
 static inline void pv_block(const E* vp, int64_t ldv, int64_t jn, const C* p, int64_t psl, int64_t psj, C* tsum,
-                            int64_t dvp, int64_t c0, bool pf) {
+                            int64_t dvp, int64_t c0, bool pf, Prefetch to) {
   using V = typename VecOf<C>::V;
   constexpr int KS = ROWS * NC < 8 ? 2 : 1;  // key sets
   constexpr int kPfEvery = int(64 / (kLanes * sizeof(E))) < 1 ? 1 : int(64 / (kLanes * sizeof(E)));
@@ -395,7 +399,7 @@ static inline void pv_block(const E* vp, int64_t ldv, int64_t jn, const C* p, in
 #pragma GCC unroll 8
       for (int c = 0; c < NC; ++c) {
         if (kDecodePrefetch > 0 && (c0 + c) % kPfEvery == 0 && pf)
-          prefetch_line<L2>(vr + kDecodePrefetch * ldv + c * kLanes);
+          prefetch_line(vr + kDecodePrefetch * ldv + c * kLanes, to);
         v[c] = vload_kv(vr + c * kLanes);
       }
 #pragma GCC unroll 8
@@ -425,29 +429,29 @@ static inline void pv_block(const E* vp, int64_t ldv, int64_t jn, const C* p, in
     }
 }
 
-template <bool L2, class E, int ROWS, class C>
+template <class E, int ROWS, class C>
 static inline void pv_rows(const E* vp, int64_t ldv, int64_t jn, const C* p, int64_t psl, int64_t psj, C* tsum,
-                           int64_t dvp, bool pf) {
+                           int64_t dvp, bool pf, Prefetch to) {
   // accumulators held in registers: 16 of the 32 zmm (AVX-512), the micro-kernel's count elsewhere
   constexpr int budget = VecOf<C>::NR >= 12 ? 16 : VecOf<C>::NR;
   constexpr int per = budget / ROWS;
   const int64_t ncv = dvp / kLanes;
   int64_t c0 = 0;
   if constexpr (per >= 8)
-    for (; c0 + 8 <= ncv; c0 += 8) pv_block<L2, E, ROWS, 8>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf);
+    for (; c0 + 8 <= ncv; c0 += 8) pv_block<E, ROWS, 8>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf, to);
   if constexpr (per >= 4)
-    for (; c0 + 4 <= ncv; c0 += 4) pv_block<L2, E, ROWS, 4>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf);
+    for (; c0 + 4 <= ncv; c0 += 4) pv_block<E, ROWS, 4>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf, to);
   if constexpr (per >= 2)
-    for (; c0 + 2 <= ncv; c0 += 2) pv_block<L2, E, ROWS, 2>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf);
-  for (; c0 < ncv; ++c0) pv_block<L2, E, ROWS, 1>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf);
+    for (; c0 + 2 <= ncv; c0 += 2) pv_block<E, ROWS, 2>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf, to);
+  for (; c0 < ncv; ++c0) pv_block<E, ROWS, 1>(vp, ldv, jn, p, psl, psj, tsum, dvp, c0, pf, to);
 }
 
 // O rows = O rows alpha + P V over the tile's keys: the tile summed from zero in tsum (in passes
 // of kPvKeys keys, V prefetched ahead by the first row block), then added compensated per row
 // (microkernel.hpp).
-template <bool L2, class E, class C>
+template <class E, class C>
 static inline void dec_pv(const E* vp, int64_t ldv, int64_t jn, const C* p, int64_t psl, int64_t psj, int n, C* tsum,
-                          C* orow, C* oc, int64_t dvp, const C* alpha, int64_t ahead) {
+                          C* orow, C* oc, int64_t dvp, const C* alpha, int64_t ahead, Prefetch to) {
   using V = typename VecOf<C>::V;
   std::memset(static_cast<void*>(tsum), 0, sizeof(C) * size_t(n * dvp));
   for (int64_t j0 = 0; j0 < jn; j0 += kPvKeys) {
@@ -458,13 +462,13 @@ static inline void dec_pv(const E* vp, int64_t ldv, int64_t jn, const C* p, int6
     for (int r = 0; r < n;) {
       const int rem = n - r;
       if (rem >= 4) {
-        pv_rows<L2, E, 4>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp, pf);
+        pv_rows<E, 4>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp, pf, to);
         r += 4;
       } else if (rem >= 2) {
-        pv_rows<L2, E, 2>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp, pf);
+        pv_rows<E, 2>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp, pf, to);
         r += 2;
       } else {
-        pv_rows<L2, E, 1>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp, pf);
+        pv_rows<E, 1>(vb, ldv, nj, pb + r * psl, psl, psj, tsum + r * dvp, dvp, pf, to);
         r += 1;
       }
       pf = false;  // prefetched once
@@ -533,7 +537,7 @@ static inline bool scale_keys(C* x, int64_t lds, int n, int64_t jn, const C* f) 
 // T itself or the codes of a quantized cache (quant.hpp), read in place where a tile is FULL and
 // plain (scores and P scaled by the key factors, 16 keys a vector), else dequantised into the
 // widened copy that the other tiles take.
-template <class T, class E, bool L2>
+template <class T, class E>
 __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename Compute<T>::type>& S,
                                                const LaneGroup& lg, int64_t ka, int64_t kz, uint8_t* fl) {
   using C = typename Compute<T>::type;
@@ -593,7 +597,8 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
       // FULL tile, read in place: a non-finite score means a non-finite k row (or k scale) or an
       // overflow; every lane attends every key, so a bad k row flags them all (v: through the O rows)
       const E* kp = kbase + j0 * P.k.s2;
-      [[maybe_unused]] const bool bad = dec_scores<L2>(kp, P.k.s2, jn, dkp / kLanes, S.qr, dkp, n, S.sc, lds, ahead);
+      [[maybe_unused]] const bool bad =
+          dec_scores(kp, P.k.s2, jn, dkp / kLanes, S.qr, dkp, n, S.sc, lds, ahead, P.prefetch);
       if constexpr (kCodes) {
         key_factors<E>(P.k_scale, lg.b, lg.g, j0, jn, S.ks);
         key_factors<E>(P.v_scale, lg.b, lg.g, j0, jn, S.vs);
@@ -624,7 +629,7 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
         clean_tile<T>(P, &lg, 1, &tm, j0, jn, S.kc, S.vc, dkp, dvp, kp, ldk, vcopy, ldv,
                       reinterpret_cast<uint8_t (*)[kLanes]>(fl));
       }
-      dec_scores<L2>(kp, ldk, jn, dkp / kLanes, S.qr, dkp, n, S.sc, lds, int64_t(0));
+      dec_scores(kp, ldk, jn, dkp / kLanes, S.qr, dkp, n, S.sc, lds, int64_t(0), P.prefetch);
     }
     if (plain && direct) {
       dec_softmax_plain(P, lg, j0, jn, S.sc, lds, S.ml);
@@ -646,9 +651,9 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
       psj = kLanes;
     }
     if (vcopy)
-      dec_pv<L2>(vcopy, ldv, jn, p, psl, psj, n, S.tsum, S.orow, S.oc, dvp, al, int64_t(0));
+      dec_pv(vcopy, ldv, jn, p, psl, psj, n, S.tsum, S.orow, S.oc, dvp, al, int64_t(0), P.prefetch);
     else if constexpr (kInPlace)
-      dec_pv<L2>(vd, ldv, jn, p, psl, psj, n, S.tsum, S.orow, S.oc, dvp, al, ahead);
+      dec_pv(vd, ldv, jn, p, psl, psj, n, S.tsum, S.orow, S.oc, dvp, al, ahead, P.prefetch);
   }
 }
 
@@ -729,7 +734,7 @@ static int decode_rowset(const Params& P, const DecodeJob<T>& J, int64_t item, L
   const int64_t c = item % J.chunks;
   item /= J.chunks;
   const int64_t g = item % P.Hkv, b = item / P.Hkv;
-  const int64_t r0 = c * 4 * kLanes, nr = imin(4 * kLanes, J.rows_per_kv - r0);
+  const int64_t r0 = c * kBlockQ, nr = imin(int64_t(kBlockQ), J.rows_per_kv - r0);
   const int nlg = int((nr + kLanes - 1) / kLanes);
   for (int lg = 0; lg < nlg; ++lg) {
     LaneGroup& L = lgs[lg];
@@ -745,28 +750,27 @@ static int decode_rowset(const Params& P, const DecodeJob<T>& J, int64_t item, L
   return nlg;
 }
 
-// dec_thin for the call's K/V storage and the CPU's prefetch target.
-template <class T, bool L2>
+// dec_thin for the call's K/V storage.
+template <class T>
 static inline void dec_thin_format(const Params& P, DecBufs<typename Compute<T>::type>& S, const LaneGroup& lg,
                                    int64_t ka, int64_t kz, uint8_t* fl) {
   switch (P.kv_format) {
     case KvFormat::i8:
-      return dec_thin<T, i8_t, L2>(P, S, lg, ka, kz, fl);
+      return dec_thin<T, i8_t>(P, S, lg, ka, kz, fl);
     case KvFormat::e4m3:
-      return dec_thin<T, e4m3_t, L2>(P, S, lg, ka, kz, fl);
+      return dec_thin<T, e4m3_t>(P, S, lg, ka, kz, fl);
     case KvFormat::e5m2:
-      return dec_thin<T, e5m2_t, L2>(P, S, lg, ka, kz, fl);
+      return dec_thin<T, e5m2_t>(P, S, lg, ka, kz, fl);
     default:
-      return dec_thin<T, T, L2>(P, S, lg, ka, kz, fl);
+      return dec_thin<T, T>(P, S, lg, ka, kz, fl);
   }
 }
-template <class T>
-static inline void dec_thin_any(const Params& P, DecBufs<typename Compute<T>::type>& S, const LaneGroup& lg, int64_t ka,
-                                int64_t kz, uint8_t* fl) {
-  if (P.prefetch == Prefetch::l2)
-    dec_thin_format<T, true>(P, S, lg, ka, kz, fl);
-  else
-    dec_thin_format<T, false>(P, S, lg, ka, kz, fl);
+
+// One decode split's partial in the job's buffer: m, l and flags of each of a row set's kBlockQ rows
+// (up to kLaneGroups lane groups), then their O rows (Dv each): kBlockQ x (3 + Dv) elements.
+template <class C>
+static inline Partial<C> partial_at(C* base) {
+  return Partial<C>{base, base + kBlockQ, base + 2 * kBlockQ, base + 3 * kBlockQ};
 }
 
 template <class T>
@@ -790,7 +794,7 @@ static void decode_task(void* ctx, int tid) {
   } else {
     W.carve(P, J.arena.at(tid));
   }
-  LaneGroup lgs[4];
+  LaneGroup lgs[kLaneGroups];
   for (;;) {
     const int64_t it = __atomic_fetch_add(&J.next, 1, __ATOMIC_RELAXED);
     if (it >= J.n_items) break;
@@ -806,19 +810,15 @@ static void decode_task(void* ctx, int tid) {
       const int64_t s0 = split * J.nkb / J.splits * P.bk, s1 = imin(P.Nk, (split + 1) * J.nkb / J.splits * P.bk);
       ka = imax(ka, s0);
       kz = imin(kz, s1);
-      C* base = J.part_buf + it * J.part_stride;
-      part.m = base;
-      part.l = base + 4 * kLanes;
-      part.f = base + 8 * kLanes;
-      part.o = base + 12 * kLanes;
+      part = partial_at(J.part_buf + it * J.part_stride);
       pp = &part;
     }
     if (thin) {
       uint8_t fl[kLanes] = {};
-      dec_thin_any<T>(P, S, lgs[0], ka, kz, fl);
+      dec_thin_format<T>(P, S, lgs[0], ka, kz, fl);
       thin_finish<T>(P, S, lgs[0], fl, pp);
     } else {
-      uint8_t fl[4][kLanes] = {};
+      uint8_t fl[kLaneGroups][kLanes] = {};
       fwd_rowset<T>(P, W, lgs, nlg, ka, kz, fl);
       fwd_finish<T>(P, W, lgs, nlg, fl, pp);
     }
@@ -842,7 +842,7 @@ static bool decode_forward(const Params& P) {
   J.P = &P;
   J.rows_per_kv = (P.H / P.Hkv) * P.Nq;
   J.thin = J.rows_per_kv <= kThinMaxRows;
-  J.chunks = (J.rows_per_kv + 4 * kLanes - 1) / (4 * kLanes);
+  J.chunks = (J.rows_per_kv + kBlockQ - 1) / kBlockQ;
   J.nkb = (P.Nk + P.bk - 1) / P.bk;
   const int64_t base = P.B * P.Hkv * J.chunks;
   const int64_t kv_bytes = P.B * P.Hkv * P.Nk * (P.Dk + P.Dv) *
@@ -858,7 +858,7 @@ static bool decode_forward(const Params& P) {
   }
   J.n_items = base * J.splits;
   if (J.splits > 1) {
-    J.part_stride = 12 * kLanes + 4 * kLanes * P.Dv;  // m, l, flags, O of up to 4 lane groups
+    J.part_stride = kBlockQ * (3 + P.Dv);  // partial_at
     J.part_buf = static_cast<C*>(std::malloc(sizeof(C) * size_t(J.part_stride * J.n_items)));
     if (!J.part_buf) return false;
   }
@@ -872,15 +872,12 @@ static bool decode_forward(const Params& P) {
   else
     P.parallel(nt, &decode_task<T>, &J);
   if (J.part_buf && !J.oom) {
-    LaneGroup lgs[4];
+    LaneGroup lgs[kLaneGroups];
     Partial<C> parts[kMaxThreads];  // splits <= threads <= kMaxThreads
     for (int64_t it = 0; it < J.n_items; it += J.splits) {
       int64_t split;
       const int nlg = decode_rowset<T>(P, J, it, lgs, split);
-      for (int64_t s = 0; s < J.splits; ++s) {
-        C* b = J.part_buf + (it + s) * J.part_stride;
-        parts[s] = Partial<C>{b, b + 4 * kLanes, b + 8 * kLanes, b + 12 * kLanes};
-      }
+      for (int64_t s = 0; s < J.splits; ++s) parts[s] = partial_at(J.part_buf + (it + s) * J.part_stride);
       merge_partials<T>(P, lgs, nlg, int(J.splits), parts);
     }
   }

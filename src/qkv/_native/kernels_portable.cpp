@@ -2,6 +2,7 @@
 // fixed-size arrays; the compiler vectorises the loops with whatever the baseline ISA has (SSE2 on
 // x86-64, NEON on arm64). It is also the reference the SIMD paths are tested against.
 #define QKV_NS portable
+#define QKV_DECODE_ONE_CHUNK  // decode.hpp: the reference path keeps the build short
 #include <cmath>
 #include <cstdint>
 
