@@ -10,6 +10,7 @@
 #include <cpuid.h>
 #endif
 
+#include "cpu_isa.hpp"
 #include "dispatch.hpp"
 #include "threads.hpp"
 
@@ -113,23 +114,7 @@ static bool hidden(const char* isa) {
   return env && (std::string(",") + env + ",").find(std::string(",") + isa + ",") != std::string::npos;
 }
 
-static bool cpu_has(const char* isa) {
-  if (hidden(isa)) return false;
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  if (!std::strcmp(isa, "avx2"))
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-  if (!std::strcmp(isa, "avx512"))
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c") &&
-           __builtin_cpu_supports("fma");
-  if (!std::strcmp(isa, "avx512bf16")) return cpu_has("avx512") && __builtin_cpu_supports("avx512bf16");
-#endif
-#if defined(__aarch64__)
-  if (!std::strcmp(isa, "neon")) return true;  // Advanced SIMD is part of every AArch64 CPU
-#endif
-  return !std::strcmp(isa, "portable");
-}
+static bool cpu_has(const char* isa) { return cpu_runs(isa, &hidden); }
 
 std::vector<const KernelTable*> runnable() {
   std::vector<const KernelTable*> r;
