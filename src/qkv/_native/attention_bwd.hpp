@@ -404,13 +404,10 @@ __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, 
       int64_t ra[kLaneGroups], rz[kLaneGroups];  // each lane group's own keys [ra, rz)
       for (int lg = 0; lg < nlg; ++lg) {
         LaneGroup& L = lgs[lg];
-        L.b = b;
-        L.g = g;
-        L.n = int(imin(kLanes, nr - lg * kLanes));
-        for (int l = 0; l < kLanes; ++l) {
-          L.h[l] = h;
-          L.i[l] = i0 + lg * kLanes + (l < L.n ? l : 0);
-        }
+        fill_lanes(L, b, g, i0 + lg * kLanes, nr - lg * kLanes, [&](int64_t r, int64_t& hl, int64_t& i) {
+          hl = h;
+          i = r;
+        });
         classify(P, L, kb, j0, jn, tm[lg]);
         ra[lg] = 0;
         rz[lg] = tm[lg].mode == TILE_SKIP ? 0 : jn;

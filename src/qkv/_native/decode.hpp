@@ -736,17 +736,11 @@ static int decode_rowset(const Params& P, const DecodeJob<T>& J, int64_t item, L
   const int64_t g = item % P.Hkv, b = item / P.Hkv;
   const int64_t r0 = c * kBlockQ, nr = imin(int64_t(kBlockQ), J.rows_per_kv - r0);
   const int nlg = int((nr + kLanes - 1) / kLanes);
-  for (int lg = 0; lg < nlg; ++lg) {
-    LaneGroup& L = lgs[lg];
-    L.b = b;
-    L.g = g;
-    L.n = int(imin(kLanes, nr - lg * kLanes));
-    for (int l = 0; l < kLanes; ++l) {
-      const int64_t r = r0 + lg * kLanes + (l < L.n ? l : 0);
-      L.h[l] = g * group + r / P.Nq;
-      L.i[l] = r % P.Nq;
-    }
-  }
+  for (int lg = 0; lg < nlg; ++lg)  // row r of the kv head's group: query head r / Nq, query r % Nq
+    fill_lanes(lgs[lg], b, g, r0 + lg * kLanes, nr - lg * kLanes, [&](int64_t r, int64_t& h, int64_t& i) {
+      h = g * group + r / P.Nq;
+      i = r % P.Nq;
+    });
   return nlg;
 }
 

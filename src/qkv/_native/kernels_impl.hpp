@@ -68,15 +68,11 @@ static int make_rowset(const Params& P, const FwdJob<T>& J, int64_t item, LaneGr
   int nlg = 0;
   for (int64_t p = 0; p < npb; ++p)
     for (int64_t hh = 0; hh < nh; ++hh) {
-      LaneGroup& L = lgs[nlg++];
       const int64_t ib = i0 + p * kLanes;
-      L.b = b;
-      L.g = g;
-      L.n = int(imin(kLanes, P.Nq - ib));
-      for (int l = 0; l < kLanes; ++l) {
-        L.h[l] = h0 + hh;
-        L.i[l] = ib + (l < L.n ? l : 0);
-      }
+      fill_lanes(lgs[nlg++], b, g, ib, P.Nq - ib, [&](int64_t r, int64_t& h, int64_t& i) {
+        h = h0 + hh;
+        i = r;
+      });
     }
   return nlg;
 }

@@ -20,6 +20,16 @@ struct LaneGroup {
   int64_t h[kLanes], i[kLanes];
 };
 
+// L = the rows r0 .. r0 + n - 1 (n clipped to kLanes) of batch b, kv head g, where at(r, h, i) names
+// row r's query head h and query i; the lanes past n repeat row r0 (zero queries, never stored).
+template <class At>
+static inline void fill_lanes(LaneGroup& L, int64_t b, int64_t g, int64_t r0, int64_t n, At at) {
+  L.b = b;
+  L.g = g;
+  L.n = int(imin(kLanes, n));
+  for (int l = 0; l < kLanes; ++l) at(r0 + (l < L.n ? l : 0), L.h[l], L.i[l]);
+}
+
 enum TileMode { TILE_SKIP = 0, TILE_FULL = 1, TILE_MASKED = 2 };
 
 // Per (lane group, key tile): the mode, and in TILE_MASKED the per-lane interval relative to the
