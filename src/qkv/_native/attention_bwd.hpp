@@ -61,19 +61,15 @@ struct BwdBufs : Scratch<BwdBufs<T>> {
 // the query blocks that can see it in O(1) each, instead of classifying their 64 rows. Broadcast
 // axes of the rows stay broadcast here (stride 0). lo >= hi: no row of the block sees a key.
 struct RowBlocks {
-  int32_t* lohi = nullptr;  // (Bm, Hm, nbq, 2)
+  Owned<int32_t> lohi;  // (Bm, Hm, nbq, 2)
   int64_t sb = 0, sh = 0;
-  RowBlocks() = default;
-  RowBlocks(const RowBlocks&) = delete;  // owns its buffer: a copy would free it twice
-  RowBlocks& operator=(const RowBlocks&) = delete;
-  ~RowBlocks() { std::free(lohi); }
-  const int32_t* at(int64_t b, int64_t h, int64_t qb) const { return lohi + b * sb + h * sh + qb * 2; }
+  const int32_t* at(int64_t b, int64_t h, int64_t qb) const { return lohi.get() + b * sb + h * sh + qb * 2; }
   bool build(const Params& P) {
     if (!P.rows || P.tile_class) return true;  // with classes, a FULL tile holds whatever its rows say
     const int64_t nbq = (P.Nq + P.bq - 1) / P.bq, bm = P.rw_b ? P.B : 1, hm = P.rw_h ? P.H : 1;
     sh = P.rw_h ? nbq * 2 : 0;
     sb = P.rw_b ? hm * nbq * 2 : 0;
-    lohi = static_cast<int32_t*>(std::malloc(sizeof(int32_t) * size_t(bm * hm * nbq * 2)));
+    lohi = owned_malloc<int32_t>(size_t(bm * hm * nbq * 2));
     if (!lohi) return false;
     for (int64_t b = 0; b < bm; ++b)
       for (int64_t h = 0; h < hm; ++h)
@@ -87,7 +83,7 @@ struct RowBlocks {
               hi = imax(hi, z);
             }
           }
-          int32_t* o = lohi + b * sb + h * sh + qb * 2;
+          int32_t* o = lohi.get() + b * sb + h * sh + qb * 2;
           o[0] = int32_t(lo);
           o[1] = int32_t(hi);
         }
@@ -99,18 +95,14 @@ struct RowBlocks {
 // so the buffers a call leaves unused (mods, bias, dropout tiles; dK / dV copies when the output rows
 // hold the sums) cost no memory, unlike a memset arena.
 struct LazyArena {
-  void* raw = nullptr;
+  Owned<char> raw;
   char* base = nullptr;
   size_t per_thread = 0;
-  LazyArena() = default;
-  LazyArena(const LazyArena&) = delete;  // owns its buffer: a copy would free it twice
-  LazyArena& operator=(const LazyArena&) = delete;
-  ~LazyArena() { std::free(raw); }
   bool alloc(int threads, size_t bytes) {
     per_thread = size_t(round_up(int64_t(bytes), 64));
-    raw = std::calloc(per_thread * size_t(threads) + 64, 1);
+    raw = owned_calloc<char>(per_thread * size_t(threads) + 64);
     if (!raw) return false;
-    base = static_cast<char*>(raw) + (64 - reinterpret_cast<uintptr_t>(raw) % 64) % 64;
+    base = raw.get() + (64 - reinterpret_cast<uintptr_t>(raw.get()) % 64) % 64;
     return true;
   }
   char* at(int tid) const { return base + per_thread * size_t(tid); }
@@ -130,22 +122,18 @@ struct LazyArena {
 // causal tiles then walk the query blocks one step apart, a pipeline, but a narrow band overlaps its
 // neighbour tiles' blocks early and serialises more (~1.3x on 2 threads, window 256, one head).
 struct DqOrder {
-  int64_t* pos = nullptr;  // per thread, one cache line apart
+  Owned<int64_t> pos;  // per thread, one cache line apart
   int nt = 1;
   int64_t S = 1, nkb = 1, n_items = 0;  // S: query blocks of an item (its heads x nbq) + 1
   int64_t whole = 0;                    // items of the slices taken whole: [0, whole)
   static constexpr int kLine = 8;
-  DqOrder() = default;
-  DqOrder(const DqOrder&) = delete;  // owns its buffer: a copy would free it twice
-  DqOrder& operator=(const DqOrder&) = delete;
-  ~DqOrder() { std::free(pos); }
   bool init(int threads, int64_t s, int64_t kbs, int64_t slices) {
     nt = threads;
     S = s;
     nkb = kbs;
     n_items = slices * kbs;
     whole = slices / nt * nt * kbs;
-    pos = static_cast<int64_t*>(std::calloc(size_t(nt) * size_t(kLine), sizeof(int64_t)));
+    pos = owned_calloc<int64_t>(size_t(nt) * size_t(kLine));
     return pos != nullptr;
   }
   // Thread tid's n-th item, or -1 when it has no more; ascending in n.
@@ -156,7 +144,7 @@ struct DqOrder {
     return it < n_items ? it : -1;
   }
   void publish(int tid, int64_t it, int64_t done) const {
-    __atomic_store_n(pos + tid * kLine, it * S + done, __ATOMIC_RELEASE);
+    __atomic_store_n(pos.get() + tid * kLine, it * S + done, __ATOMIC_RELEASE);
   }
   // Until every lower item of it's (b, g) has finished query block s.
   void wait(int tid, int64_t it, int64_t s) const {
@@ -166,7 +154,7 @@ struct DqOrder {
       const int64_t r = it - whole, prev = it - (r - t + nt) % nt;  // t's last item below it
       if (prev < whole || prev / nkb != it / nkb) continue;
       const int64_t need = prev * S + s + 1;
-      for (int spin = 0; __atomic_load_n(pos + t * kLine, __ATOMIC_ACQUIRE) < need; ++spin)
+      for (int spin = 0; __atomic_load_n(pos.get() + t * kLine, __ATOMIC_ACQUIRE) < need; ++spin)
         if (spin >= 64) sched_yield();  // the machine may be shared: give the core to the thread awaited
     }
   }
@@ -211,19 +199,12 @@ __attribute__((noinline)) static bool delta_overflowed(const Params& P, int64_t 
 template <class T>
 struct RowStats {
   using C = typename Compute<T>::type;
-  C* delta = nullptr;      // (B, H, Nq)
-  uint8_t* bad = nullptr;  // (B, H, Nq)
-  RowStats() = default;
-  RowStats(const RowStats&) = delete;  // owns its buffers: a copy would free them twice
-  RowStats& operator=(const RowStats&) = delete;
-  ~RowStats() {
-    std::free(delta);
-    std::free(bad);
-  }
+  Owned<C> delta;      // (B, H, Nq)
+  Owned<uint8_t> bad;  // (B, H, Nq)
   bool alloc(const Params& P) {
     const size_t n = size_t(P.B * P.H * P.Nq);
-    delta = static_cast<C*>(std::malloc(sizeof(C) * (n ? n : 1)));
-    bad = static_cast<uint8_t*>(std::malloc(n ? n : 1));
+    delta = owned_malloc<C>(n);
+    bad = owned_malloc<uint8_t>(n);
     return delta && bad;
   }
   // rows [r0, r1) of the flattened (B, H, Nq)
@@ -445,8 +426,8 @@ __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, 
       if (ja >= jz) continue;
       // Q and dO rows of the block; D_i = rowsum(dO o O) - dlse_i and the rows' finiteness (RowStats)
       const int64_t row0 = (b * P.H + h) * P.Nq + i0;
-      const C* drow_dot = rs.delta + row0;
-      const uint8_t* row_bad = rs.bad + row0;
+      const C* drow_dot = rs.delta.get() + row0;
+      const uint8_t* row_bad = rs.bad.get() + row0;
       uint8_t dq_nan[kBlockQ] = {};
       for (int64_t r = 0; r < nr; ++r) {
         const T* qrow = q + b * P.q.s0 + h * P.q.s1 + (i0 + r) * P.q.s2;

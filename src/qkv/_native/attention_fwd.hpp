@@ -11,6 +11,7 @@
 #include <cstdlib>
 
 #include "finite.hpp"
+#include "owned.hpp"
 #include "microkernel.hpp"
 #include "mods.hpp"
 #include "philox.hpp"

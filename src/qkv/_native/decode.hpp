@@ -157,26 +157,22 @@ struct DecBufs : Scratch<DecBufs<C>> {
 // Per-thread scratch kept across calls (the pool's threads live for the process): no allocation,
 // zeroing or page faults in a decode step's fixed cost.
 struct DecScratch {
-  char* p = nullptr;
+  Owned<char> p;
   size_t n = 0;
-  DecScratch() = default;
-  DecScratch(const DecScratch&) = delete;  // owns p
-  DecScratch& operator=(const DecScratch&) = delete;
-  ~DecScratch() { std::free(p); }
 };
 static inline char* decode_scratch(size_t bytes) {
   static thread_local DecScratch s;
   if (s.n < bytes) {
-    std::free(s.p);
+    s.p.reset();
     s.n = size_t(round_up(int64_t(bytes), 4096));
-    s.p = static_cast<char*>(std::aligned_alloc(64, s.n));
+    s.p.reset(static_cast<char*>(std::aligned_alloc(64, s.n)));
     if (!s.p) {
       s.n = 0;
       return nullptr;
     }
-    std::memset(s.p, 0, s.n);
+    std::memset(s.p.get(), 0, s.n);
   }
-  return s.p;
+  return s.p.get();
 }
 
 // ------------------------------------------------------------------ the thin tile steps

@@ -120,7 +120,7 @@ struct BwdJob {
   int nt = 1;
   int64_t n_items = 0, nkb = 0;
   C* dq = nullptr;
-  uint8_t* row_nan = nullptr;  // (B, H, Nq) bits: the row sent NaN along its edges (finite.hpp)
+  Owned<uint8_t> row_nan;  // (B, H, Nq) bits: the row sent NaN along its edges (finite.hpp)
   RowBlocks rb;
   DqOrder order;
   RowStats<T> rs;
@@ -159,7 +159,7 @@ static void bwd_task(void* ctx, int tid) {
     const int64_t it = J.order.item(tid, n);
     if (it < 0) break;
     const int64_t kb = it % J.nkb, bg = it / J.nkb;
-    bwd_item<T>(P, S, tid, it, bg / P.Hkv, bg % P.Hkv, kb, J.rb, J.order, J.rs, J.dq, J.row_nan);
+    bwd_item<T>(P, S, tid, it, bg / P.Hkv, bg % P.Hkv, kb, J.rb, J.order, J.rs, J.dq, J.row_nan.get());
   }
 }
 
@@ -183,19 +183,11 @@ struct LseJob {
   using C = typename Compute<T>::type;
   const Params* P = nullptr;
   Arena arena;
-  int64_t* blocks = nullptr;  // (b * H + h) * lane groups + lane group, holding a row to refine
+  Owned<int64_t> blocks;  // (b * H + h) * lane groups + lane group, holding a row to refine
   int64_t n = 0, next = 0;
-  double score_bound = 0;       // max |k| |scale| (times the mods' factors): a score per unit of |q|_1
-  C* rows = nullptr;            // (B*H*Nq, 2): m, log l; m NaN where the given lse stays
-  uint8_t* kv_state = nullptr;  // the forward's K/V tile verdicts (finite.hpp), for its tile loop
-  LseJob() = default;
-  LseJob(const LseJob&) = delete;  // owns its buffers: a copy would free them twice
-  LseJob& operator=(const LseJob&) = delete;
-  ~LseJob() {
-    std::free(blocks);
-    std::free(rows);
-    std::free(kv_state);
-  }
+  double score_bound = 0;   // max |k| |scale| (times the mods' factors): a score per unit of |q|_1
+  Owned<C> rows;            // (B*H*Nq, 2): m, log l; m NaN where the given lse stays
+  Owned<uint8_t> kv_state;  // the forward's K/V tile verdicts (finite.hpp), for its tile loop
 };
 
 template <class T>
@@ -236,7 +228,7 @@ static void lse_task(void* ctx, int tid) {
       for (int64_t d = 0; d < P.Dk; ++d) q1 += std::fabs(double(to_c<C>(qrow[d])));
       const double slack = 2 * double(P.Dk) * double(std::numeric_limits<C>::epsilon()) * q1 * J.score_bound +
                            4 * double(std::numeric_limits<C>::epsilon()) * std::fabs(given);
-      C* f = J.rows + 2 * ((b * P.H + h) * P.Nq + i0 + l);
+      C* f = J.rows.get() + 2 * ((b * P.H + h) * P.Nq + i0 + l);
       f[0] = m;
       f[1] = C((log_l + (excess > slack ? excess * kLog2e : 0.0)) / unit);  // beyond the rounding: sinks' mass
     }
@@ -264,7 +256,7 @@ static bool refine_lse(const Params& P, Params& Q, LseJob<T>& J) {
         }
     if (J.n == 0) return true;
     if (!pass) {
-      J.blocks = static_cast<int64_t*>(std::malloc(sizeof(int64_t) * size_t(J.n)));
+      J.blocks = owned_malloc<int64_t>(size_t(J.n));
       if (!J.blocks) return false;
     }
   }
@@ -282,15 +274,15 @@ static bool refine_lse(const Params& P, Params& Q, LseJob<T>& J) {
     if (P.mods[k].kind == MOD_MUL) factor *= std::fmax(1.0, std::fabs(P.mods[k].c));
   J.score_bound = kmax * factor;
   const int64_t rows = P.B * P.H * P.Nq;
-  J.rows = static_cast<C*>(std::malloc(sizeof(C) * size_t(2 * rows)));
-  J.kv_state = static_cast<uint8_t*>(std::calloc(size_t(P.B * P.Hkv * P.nbk), 1));
-  Q.kv_state = J.kv_state;
+  J.rows = owned_malloc<C>(size_t(2 * rows));
+  J.kv_state = owned_calloc<uint8_t>(size_t(P.B * P.Hkv * P.nbk));
+  Q.kv_state = J.kv_state.get();
   J.P = &Q;
   const int nt = int(imax(1, imin(P.parallel ? P.threads : 1, J.n)));
   if (!J.rows || !J.kv_state || !J.arena.alloc(nt, FwdBufs<T>::bytes(Q))) return false;
   for (int64_t r = 0; r < 2 * rows; ++r) J.rows[r] = C(NAN);
   run_parallel(Q, nt, &lse_task<T>, &J);
-  Q.lse_rows = J.rows;
+  Q.lse_rows = J.rows.get();
   return true;
 }
 
@@ -307,7 +299,7 @@ static bool backward_impl(const Params& P0) {
   // every thread of the call must run at once (DqOrder waits on the others): one without a pool
   J.nt = P.parallel ? int(imax(1, imin(P.threads, J.n_items))) : 1;
   const int64_t rows = P.B * P.H * P.Nq, nbq = (P.Nq + P.bq - 1) / P.bq;
-  J.row_nan = static_cast<uint8_t*>(std::calloc(size_t((rows + 7) / 8), 1));
+  J.row_nan = owned_calloc<uint8_t>(size_t((rows + 7) / 8));
   bool ok = J.row_nan && J.rb.build(P) && J.order.init(J.nt, (P.H / P.Hkv) * nbq + 1, J.nkb, P.B * P.Hkv) &&
             J.arena.alloc(J.nt, BwdBufs<T>::bytes(P)) && J.rs.alloc(P);
   if (ok) {
@@ -316,7 +308,6 @@ static bool backward_impl(const Params& P0) {
     run_parallel(P, J.nt, &bwd_task<T>, &J);
     run_parallel(P, J.nt, &bwd_check_task<T>, &J);
   }
-  std::free(J.row_nan);
   return ok;
 }
 
