@@ -48,7 +48,9 @@ def dist(tmp_path_factory):
     junk = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc")
 
     def ignore(d, names):
-        return (SKIP & set(names) if Path(d) == ROOT else set()) | junk(d, names)
+        # (build-sanitize/, build-tidy/: the other scripts' build trees, hundreds of MB)
+        top = {n for n in names if n in SKIP or n.startswith("build")} if Path(d) == ROOT else set()
+        return top | junk(d, names)
 
     shutil.copytree(ROOT, src, ignore=ignore)
     out = tmp_path_factory.mktemp("dist")

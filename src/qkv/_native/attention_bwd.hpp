@@ -203,8 +203,8 @@ struct RowStats {
   Owned<uint8_t> bad;  // (B, H, Nq)
   bool alloc(const Params& P) {
     const size_t n = size_t(P.B * P.H * P.Nq);
-    delta = owned_malloc<C>(n);
-    bad = owned_malloc<uint8_t>(n);
+    delta = owned_malloc<C>(n ? n : 1);  // an empty axis still gets a pointer
+    bad = owned_malloc<uint8_t>(n ? n : 1);
     return delta && bad;
   }
   // rows [r0, r1) of the flattened (B, H, Nq)

@@ -14,15 +14,15 @@ struct FreeDeleter {
 template <class T>
 using Owned = std::unique_ptr<T[], FreeDeleter>;
 
-// n elements of T, uninitialised (at least one, so an empty axis still gets a valid pointer)
+// n elements of T, uninitialised (n > 0: malloc(0) may return null, read as out of memory)
 template <class T>
 inline Owned<T> owned_malloc(size_t n) {
-  return Owned<T>(static_cast<T*>(std::malloc(sizeof(T) * (n ? n : 1))));
+  return Owned<T>(static_cast<T*>(std::malloc(sizeof(T) * n)));
 }
-// n elements of T, zero bytes (fresh pages stay unmapped until touched)
+// n elements of T, zero bytes (fresh pages stay unmapped until touched); n > 0 as above
 template <class T>
 inline Owned<T> owned_calloc(size_t n) {
-  return Owned<T>(static_cast<T*>(std::calloc(n ? n : 1, sizeof(T))));
+  return Owned<T>(static_cast<T*>(std::calloc(n, sizeof(T))));
 }
 
 }  // namespace qkv_native
