@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from qkv import _native as native
+
 ROOT = Path(__file__).resolve().parents[1]
 SCREEN = 40
 """Lines a first screen may have: a terminal's worth."""
@@ -74,6 +76,8 @@ def test_every_first_screen_command_runs_on_a_fresh_clone(tmp_path, capsys):
             assert re.search(r"1\.6206\s+1\.6206", r.stdout)
         if command.endswith("qkv info"):
             assert re.search(r"^kernel\s+yes$", r.stdout, re.M), r.stdout  # the compiled kernel built
+            # scripts/explain's quick build keeps the path a full build picks on this CPU
+            assert re.search(rf"^ISA path\s+{native.isa()} ", r.stdout, re.M), (native.isa(), r.stdout)
     with capsys.disabled():
         for command, seconds, load in times:
             over = "" if seconds <= BUDGET[command] else "  OVER BUDGET"
