@@ -328,6 +328,12 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
                 yield ("text + audio", both)
     if text and (main == "input_ids" or main not in params):
         yield ("text", text)
+    codebooks = _int(config, "num_codebooks", default=0)
+    if codebooks > 1 and "input_ids" in text:  # MusicGen's decoder: a row of ids per codebook, (B * K, Nq)
+        ids = torch.randint(3, max(vocab(config) - SPECIAL, 4), (B * codebooks, SEQ), generator=g)
+        if "attention_mask" in text:
+            ids = ids.masked_fill(text["attention_mask"].repeat_interleave(codebooks, 0) == 0, 0)
+        yield ("codebook ids", {**text, "input_ids": ids})
     first = next(iter(inspect.signature(model.forward).parameters), main)  # BLIP-2's Q-Former: not main_input_name
     sides: list[tuple[str, dict[str, Any]]] = list(
         _other_sides(config, params, main if main in params else first, padded, g)

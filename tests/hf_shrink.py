@@ -97,6 +97,8 @@ SIZES = {
     "context_length": 64, "context_size": 32, "index_kpool": 2, "indexer_budget": 8, "indexer_compress_ratio": 2,
     "num_frames": 4, "max_length": 64, "coordinate_size": 4, "shape_size": 8,
     "image_size": 64, "mm_tokens_per_image": 4, "num_kv_shared_layers": 2,
+    # audio codecs whose convolution stacks double the width per stride (DAC: 16x the first width)
+    "dac.encoder_hidden_size": 8,
 }  # fmt: skip
 """Every size the sweep shrinks, by config attribute name, wherever a config or sub-config has it
 as an integer (or None where a size is optional and ``OPTIONAL`` names it)."""
@@ -117,6 +119,12 @@ DEPTH_LISTS = frozenset({"depths", "depth", "num_layers_per_stage", "stage_depth
 """Per-stage depths, each cut to 2 (a windowed and a shifted-window block, say)."""
 HEAD_LISTS = frozenset({"num_heads", "num_attention_heads", "heads", "attention_heads"})
 """Per-stage head counts, each the largest power of two up to half its value (at least 1)."""
+
+
+def _size(config: Any, name: str) -> int | None:
+    """The size ``SIZES`` gives ``name`` in ``config``: its own entry for the config's model type
+    (``"dac.encoder_hidden_size"``) first, else the name's."""
+    return SIZES.get(f"{getattr(config, 'model_type', '')}.{name}", SIZES.get(name))
 
 
 def _list(name: str, value: list[int], widest: int = 0) -> list[int] | None:
@@ -188,6 +196,12 @@ CHOICES = {"use_timm_backbone": False, "use_pretrained_backbone": False}
 """Choices a default config makes that need what this machine lacks: a timm backbone (timm is not
 installed) or pretrained weights (nothing downloads); transformers' own backbone instead."""
 
+FULL_BACKBONES = frozenset({"detr", "conditional_detr"})
+"""Model types whose ResNet-50 backbone (built by transformers in place of timm's) is kept at full
+size, over ``MAX_PARAMETERS``: shrunk, their gradients differ from eager's, where softmax rows are
+one-hot at scores ~1e6 (eager's backward cancels to 0 there, qkv's leaves float32 rounding that the
+large keys scale up); withheld until the kernel's backward is fixed."""
+
 PLACES = {"attn_layer_indices": [1]}
 """Per-layer choices a default config leaves None that a checkpoint sets: Bamba's attention layers
 (none by default: a model of mamba layers only, which transformers' own cache cannot serve)."""
@@ -251,25 +265,26 @@ def _overrides(config: Any, depth: int, full_depth: int | None) -> dict[str, Any
         try:
             value = getattr(config, name, None)
         except Exception:  # noqa: BLE001 - a per-layer attribute read globally (Gemma 4): set for every layer
-            if name in SIZES:
-                kw[name] = SIZES[name]
+            if _size(config, name) is not None:
+                kw[name] = _size(config, name)
             continue
         if full_depth and full_depth > 1 and _per_layer(name, value, full_depth):
             cut = _pattern(value, depth)  # one entry per layer: sizes among them shrunk like the rest
             if name == "layer_types" and depth > 1 and set(cut) <= NO_ATTENTION:
                 cut[-1] = "full_attention"  # as a checkpoint has: transformers' cache needs one attention layer
-            kw[name] = [SIZES[name]] * depth if name in SIZES and all(isinstance(v, int) for v in cut) else cut
+            size = _size(config, name)
+            kw[name] = [size] * depth if size is not None and all(isinstance(v, int) for v in cut) else cut
         elif isinstance(value, PretrainedConfig) and value.model_type.startswith("timm"):
             kw[name], kw["use_timm_backbone"] = None, False  # timm is not installed: transformers' own backbone
         elif isinstance(value, PretrainedConfig):
             kw[name] = shrunk(value, depth)
         elif name in DEPTHS and isinstance(value, int) and not isinstance(value, bool):
             kw[name] = depth
-        elif name in SIZES and (
+        elif _size(config, name) is not None and (
             (isinstance(value, int) and not isinstance(value, bool) and value > 0)
             or (value is None and name in OPTIONAL)
         ):
-            kw[name] = SIZES[name]
+            kw[name] = _size(config, name)
         elif (
             isinstance(value, (list, tuple))
             and value
@@ -401,10 +416,7 @@ def _repair(kw: dict[str, Any], error: Exception) -> bool:
     return False
 
 
-def shrunk(config: Any, depth: int) -> Any:
-    """``config``'s class built again with every size of ``SIZES`` and ``depth`` layers (sizes its
-    own validation asks for set as it asks: ``RULES``)."""
-    kw = _overrides(config, depth, _own_depth(config))
+def _built(config: Any, kw: dict[str, Any]) -> Any:
     for _ in range(4):
         try:
             return type(config)(**kw)
@@ -412,6 +424,20 @@ def shrunk(config: Any, depth: int) -> Any:
             if not _repair(kw, e):
                 raise
     return type(config)(**kw)
+
+
+def shrunk(config: Any, depth: int) -> Any:
+    """``config``'s class built again with every size of ``SIZES`` and ``depth`` layers (sizes its
+    own validation asks for set as it asks: ``RULES``). A sub-config the constructor makes itself
+    (the ResNet-50 DETR builds in place of a timm backbone) is shrunk too, but for ``FULL_BACKBONES``."""
+    from transformers import PretrainedConfig
+
+    kw = _overrides(config, depth, _own_depth(config))
+    built = _built(config, kw)
+    made = [n for n, v in kw.items() if v is None and isinstance(getattr(built, n, None), PretrainedConfig)]
+    if not made or config.model_type in FULL_BACKBONES:
+        return built
+    return _built(config, {**kw, **{n: shrunk(getattr(built, n), depth) for n in made}})
 
 
 def _kinds(model: Any, config: Any) -> set[str]:
@@ -438,11 +464,25 @@ def meta_model(head: Any, config: Any) -> Any:
         return head.from_config(copy.deepcopy(config))
 
 
+def _for_head(config: Any, head: Any) -> Any:
+    """The config ``head``'s class is built from: ``config``, or its sub-config of the class that
+    class takes (MusicGen's causal LM is its decoder: ``MusicgenDecoderConfig`` inside ``MusicgenConfig``)."""
+    want = getattr(head, "config_class", None)  # a model class
+    if want is None:
+        try:
+            want = head._model_mapping[type(config)].config_class
+        except Exception:  # noqa: BLE001 - no mapping for this config: built from it as is
+            return config
+    if isinstance(config, want):
+        return config
+    return next((v for v in vars(config).values() if isinstance(v, want)), config)
+
+
 def tiny(model_type: str, head: Any) -> Tiny:
     """The tiny config of ``model_type`` for the model class ``head`` (an auto class or a model class)."""
     from transformers import AutoConfig
 
-    default = AutoConfig.for_model(model_type)
+    default = _for_head(AutoConfig.for_model(model_type), head)
     full_depth = _depth(default) or 2
     full = shrunk(default, full_depth)
     want = _kinds(meta_model(head, full), full)

@@ -145,7 +145,11 @@ def _rows(kw: dict[str, Any], t: Any) -> Any:
     import torch
 
     am = kw.get("attention_mask")
-    if am is None or t.ndim < 2 or t.shape[0] != am.shape[0]:
+    if am is None or t.ndim < 2 or t.shape[0] % am.shape[0]:
+        return slice(None)
+    if t.shape[0] != am.shape[0] and t.shape[0] % am.shape[0] == 0 and t.shape[1] == am.shape[1]:
+        return am.bool().repeat_interleave(t.shape[0] // am.shape[0], 0)  # a row per codebook (MusicGen)
+    if t.shape[0] != am.shape[0]:
         return slice(None)
     extra = t.shape[1] - am.shape[1]
     if extra == 0:
@@ -411,9 +415,36 @@ def check(model_type: str, auto: str, kind: str, cls: str = "") -> Outcome:
             logging.disable(logging.NOTSET)
 
 
+def _head(model_type: str, auto: str, cls: str) -> Any:
+    """What builds the row's class: the auto class, or the class itself where the auto class
+    cannot map the config it takes (MusicGen's causal LM takes its decoder's sub-config, which
+    ``AutoModelForCausalLM`` does not register)."""
+    import transformers
+
+    head = getattr(transformers, auto)
+    own = getattr(transformers, cls, None)
+    config = getattr(own, "config_class", None)
+    if config is None or config.model_type == model_type:
+        return head
+    try:
+        head._model_mapping[config]
+    except KeyError:
+        return _Direct(own)
+    return head
+
+
+class _Direct:
+    """A model class built from a config as an auto class builds it (``from_config``)."""
+
+    def __init__(self, cls: Any) -> None:
+        self.cls, self.config_class = cls, cls.config_class
+
+    def from_config(self, config: Any, **kwargs: Any) -> Any:
+        return self.cls._from_config(config, **kwargs)
+
+
 def _check(model_type: str, auto: str, kind: str, cls: str = "") -> Outcome:
     import torch
-    import transformers
 
     from qkv.errors import ArgumentError
 
@@ -432,7 +463,7 @@ def _check(model_type: str, auto: str, kind: str, cls: str = "") -> Outcome:
             "; ".join(notes or []),
         )
 
-    head = getattr(transformers, auto)
+    head = _head(model_type, auto, cls)
     try:
         built = tiny(model_type, head)
         made["kinds"] = ", ".join(named_kinds(built.kinds)) + f" ({built.depth} layers)"
@@ -508,7 +539,7 @@ def _check(model_type: str, auto: str, kind: str, cls: str = "") -> Outcome:
     if why:
         return outcome("differs", why, notes)
     if kind in ("causal", "seq2seq") and "input_ids" in kw:
-        why = _generate_differs(eager, model, config, notes)
+        why = _generate_differs(eager, model, config, chosen or "text", notes)
         if why:
             return outcome("differs", why, notes)
     made["dtypes"] = "float32"
@@ -530,13 +561,16 @@ def _generation(config: Any) -> dict[str, Any]:
     return gen
 
 
-def _generate_differs(eager: Any, model: Any, config: Any, notes: list[str]) -> str:
+def _generate_differs(eager: Any, model: Any, config: Any, chosen: str, notes: list[str]) -> str:
+    """Greedy tokens of ``model`` and ``eager`` from the text of the inputs the forward took
+    (``chosen``: text ids, or MusicGen's ids per codebook), left padded, with either cache."""
     import torch
 
     from qkv.errors import ArgumentError
 
     g = torch.Generator().manual_seed(2)
-    kw = next(kw for what, kw in candidates(eager, config, "left", g) if what == "text")
+    sets = [(what, kw) for what, kw in candidates(eager, config, "left", g) if what in ("text", "codebook ids")]
+    kw = next((kw for what, kw in sets if what == chosen), sets[0][1])
     kw.pop("decoder_input_ids", None)
     for cache in ("dynamic", "static"):
         gen = dict(_generation(config), cache_implementation=cache)
