@@ -247,6 +247,27 @@ def _other_sides(config: Any, params: set[str], main: str, padded: str, g: Any) 
         if "encoder_hidden_states" in params:  # cross-attention to another model's states (BLIP-2's Q-Former)
             memory = _int(config, "encoder_hidden_size", "hidden_size", default=width)
             yield ("embeddings + memory", {**side, "encoder_hidden_states": torch.randn(B, SEQ, memory, generator=g)})
+    if main == "latents" or (main == "hidden_states" and "padding_cache" in params):  # codec decoders, encoders
+        width = _int(config, "latent_dim", "hidden_size", default=32)
+        yield ("latent frames", {main: torch.randn(B, width, 8, generator=g)})
+        if main == "hidden_states":  # VibeVoice's tokenizer encoder: the waveform
+            channels = _int(config, "channels", "audio_channels", default=1)
+            yield ("waveform 4000", {main: torch.randn(B, channels, 4000, generator=g)})
+    if main == "audio_mel" and main in params:  # Gemma 3n's audio encoder: mel frames, True where padded
+        mel = _int(config, "input_feat_size", default=128)
+        frames = {main: torch.randn(B, 64, mel, generator=g), "audio_mel_mask": torch.zeros(B, 64, dtype=torch.bool)}
+        yield ("audio features", frames)
+    if {"states", "actions", "returns_to_go", "timesteps"} <= params:  # Decision Transformer's trajectories
+        state, action = _int(config, "state_dim", default=4), _int(config, "act_dim", default=2)
+        trajectory = {
+            "states": torch.randn(B, SEQ, state, generator=g),
+            "actions": torch.randn(B, SEQ, action, generator=g),
+            "rewards": torch.randn(B, SEQ, 1, generator=g),
+            "returns_to_go": torch.randn(B, SEQ, 1, generator=g),
+            "timesteps": torch.arange(SEQ).expand(B, -1).clone(),
+            "attention_mask": _padding(SEQ, padded),
+        }
+        yield ("trajectories", trajectory)
     if main == "past_values" and main in params:
         length = _int(config, "context_length", default=64)
         channels = _int(config, "num_input_channels", "input_size", default=1)

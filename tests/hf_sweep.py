@@ -151,6 +151,8 @@ def _rows(kw: dict[str, Any], t: Any) -> Any:
         return am.bool().repeat_interleave(t.shape[0] // am.shape[0], 0)  # a row per codebook (MusicGen)
     if t.shape[0] != am.shape[0]:
         return slice(None)
+    if "returns_to_go" in kw and t.shape[1] == 3 * am.shape[1]:  # Decision Transformer: 3 tokens per step
+        return am.bool().repeat_interleave(3, 1)
     extra = t.shape[1] - am.shape[1]
     if extra == 0:
         return am.bool()
@@ -512,7 +514,7 @@ def _check(model_type: str, auto: str, kind: str, cls: str = "") -> Outcome:
             made["inputs"] = what + (", padded" if "attention_mask" in kw else "")
             break
         else:
-            return outcome("unbuildable", f"eager forward: {first_error}")
+            return outcome("unbuildable", f"eager forward: {first_error or _no_inputs(eager)}")
         try:
             with torch.no_grad():
                 got = _tensors(run(model, kw))
@@ -549,6 +551,18 @@ def _check(model_type: str, auto: str, kind: str, cls: str = "") -> Outcome:
             return outcome("differs", why, notes)
         made["dtypes"] = "float32, bfloat16"
     return outcome("weights", SINK_SCALED[model_type], notes) if weights else outcome("matches", "", notes)
+
+
+def _no_inputs(model: Any) -> str:
+    """Why no input set was tried: the class has no forward, or one taking what ``hf_inputs`` cannot make."""
+    import inspect
+
+    import torch
+
+    if type(model).forward is torch.nn.Module.forward:
+        return f"{type(model).__name__} defines no forward"
+    params = [p for p in inspect.signature(model.forward).parameters if p not in ("self", "kwargs")]
+    return f"forward({', '.join(params)}): no such inputs made here"
 
 
 def _generation(config: Any) -> dict[str, Any]:
