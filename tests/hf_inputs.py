@@ -116,19 +116,22 @@ def _audio_features(config: Any, g: Any, with_frames: bool = False) -> Iterator[
         yield (f, n) if with_frames else f
 
 
-def _grid_pixels(config: Any, g: Any) -> dict[str, Any]:
+def _grid_pixels(config: Any, g: Any, temporal: int | None = None, square: bool = False) -> dict[str, Any]:
     """Qwen2-VL-style images: flattened patches ``(B * t * h * w, C * tp * p * p)`` and their grid
-    ``image_grid_thw (B, 3)``, one image of ``1 x 4 x 4`` patches (times the merge size) per sequence."""
+    ``image_grid_thw (B, 3)``, one image of ``1 x 4 x 4`` patches (times the merge size) per sequence;
+    ``temporal`` patches of frames (default: the config's, else 2), ``square``: each patch
+    ``(C, p, p)`` (Kimi K2.5's)."""
     import torch
 
     vision = _sub(config, "vision_config")
-    merge = _int(vision, "spatial_merge_size", default=2)
+    merge = _int(vision, "spatial_merge_size", "merge_kernel_size", default=2)
     patch = _int(vision, "patch_size", "spatial_patch_size", default=14)
-    temporal = _int(vision, "temporal_patch_size", default=2)
+    temporal = temporal or _int(vision, "temporal_patch_size", default=2)
     channels = _int(vision, "in_channels", "in_chans", "num_channels", default=3)
     side = 2 * merge
     grid = torch.tensor([[1, side, side]] * B)
-    pixels = torch.randn(B * side * side, channels * temporal * patch * patch, generator=g)
+    shape = (channels, patch, patch) if square else (channels * temporal * patch * patch,)
+    pixels = torch.randn(B * side * side, *shape, generator=g)
     return {"pixel_values": pixels, "image_grid_thw": grid}
 
 
@@ -361,12 +364,14 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
     )
     grid_name = next((n for n in ("grid_thw", "image_grid_thw") if n in params), None)
     if grid_name is not None and "input_ids" not in params:  # a vision tower of flattened patches (Qwen2-VL's)
-        grid = _grid_pixels(config, g)
         pixels = next((n for n in ("hidden_states", "pixel_values") if n in params), "pixel_values")
-        side = {pixels: grid["pixel_values"], grid_name: grid["image_grid_thw"]}
-        if "merge_sizes" in params:
-            side["merge_sizes"] = torch.full((B,), _int(_sub(config, "vision_config"), "spatial_merge_size", default=2))
-        sides.append(("image patches", side))
+        for layout in ({}, {"temporal": 1}, {"temporal": 1, "square": True}):  # frames per patch: config's, 1
+            grid = _grid_pixels(config, g, **layout)
+            side = {pixels: grid["pixel_values"], grid_name: grid["image_grid_thw"]}
+            if "merge_sizes" in params:
+                merge = _int(_sub(config, "vision_config"), "spatial_merge_size", default=2)
+                side["merge_sizes"] = torch.full((B,), merge)
+            sides.append(("image patches", side))
     if "spatial_shapes" in params and "pixel_attention_mask" in params:  # SigLIP 2's patches of any shape
         vision = _sub(config, "vision_config")
         patch, channels = _int(vision, "patch_size", default=16), _int(vision, "num_channels", default=3)
