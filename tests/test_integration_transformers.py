@@ -276,6 +276,29 @@ def test_direct_call_gqa_causal_bottom_right_and_mask_kinds():
     torch.testing.assert_close(fn(module, q, k, v, allowed, scaling=0.5)[0], want)
 
 
+@pytest.mark.parametrize("hidden", [False, True], ids=["bias-only", "bias-and-hidden-keys"])
+def test_a_learned_float_mask_gets_its_gradient_even_while_all_zero(hidden):
+    """A float mask that is a learned bias (Swin's relative position bias, handed to the attention
+    function as ``attention_mask``) gets eager's gradient, also while its values are all zero:
+    Swin's bias table starts at zero, and a mask read as "every key may attend" (a boolean) lost
+    the gradient, so the table never learned."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 2, 6, 8, generator=g) for _ in range(3))
+    table = torch.zeros(1, 2, 6, 6, requires_grad=True)  # a parameter at its initial value
+    allowed = torch.ones(6, 6, dtype=torch.bool).triu(1).logical_not() if hidden else torch.ones(6, 6, dtype=torch.bool)
+    hide = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
+    weights = torch.randn(2, 6, 2, 8, generator=g)
+
+    out, _ = qt.attention_function("auto")(torch.nn.Module().eval(), q, k, v, table + hide, scaling=0.5)
+    assert out.requires_grad, "the bias was read as a boolean mask: no gradient reaches it"
+    (out * weights).sum().backward()
+    got, table.grad = table.grad, None
+    eager = torch.softmax(q @ k.transpose(-1, -2) * 0.5 + table + hide, dim=-1) @ v
+    (eager.transpose(1, 2) * weights).sum().backward()
+    torch.testing.assert_close(got, table.grad)
+    assert float(table.grad.abs().max()) > 1e-3
+
+
 def test_unsupported_kwargs_raise_and_dropout_in_training():
     q = k = v = torch.randn(1, 2, 4, 8)
     module = torch.nn.Module().eval()

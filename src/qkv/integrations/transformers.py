@@ -303,9 +303,10 @@ def _qkv_mask(mask: Any, nk: int) -> Any:
             f"attention_mask has dtype {mask.dtype}; pass a boolean (True = may attend) or float (additive) mask"
         )
     hidden = mask <= torch.finfo(mask.dtype).min / 2  # eager masks write finfo.min for "never attend"
-    bias = mask.masked_fill(hidden, 0.0)
-    if not bool(bias.any()):
-        return ~hidden  # a pure 0 / -inf mask: boolean, so the flash kernel can skip hidden tiles
+    if not mask.requires_grad and not bool(mask.masked_fill(hidden, 0.0).any()):
+        # a pure 0 / -inf mask: boolean, so the flash kernel can skip hidden tiles. A mask that
+        # needs its gradient (Swin's learned bias, zero at its start) stays a float bias.
+        return ~hidden
     return mask.masked_fill(hidden, -float("inf"))
 
 
