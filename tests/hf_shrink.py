@@ -99,6 +99,9 @@ SIZES = {
     "image_size": 64, "mm_tokens_per_image": 4, "num_kv_shared_layers": 2,
     # audio codecs whose convolution stacks double the width per stride (DAC: 16x the first width)
     "dac.encoder_hidden_size": 8,
+    # Swin's last stage is one window at its own image size (7 x 7 patches of 32 pixels): smaller
+    # images shrink its windows below the relative-position table's
+    "swin.image_size": 224,
 }  # fmt: skip
 """Every size the sweep shrinks, by config attribute name, wherever a config or sub-config has it
 as an integer (or None where a size is optional and ``OPTIONAL`` names it)."""
