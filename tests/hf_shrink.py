@@ -102,6 +102,8 @@ SIZES = {
     # Swin's last stage is one window at its own image size (7 x 7 patches of 32 pixels): smaller
     # images shrink its windows below the relative-position table's
     "swin.image_size": 224,
+    # Hiera's first stage is as wide as its hidden size (SAM 2's backbone: 96 of [96, ..., 768], scaled to 8)
+    "sam2_hiera_det_model.hidden_size": 8, "sam2_hiera_det_model.num_attention_heads": 1,
 }  # fmt: skip
 """Every size the sweep shrinks, by config attribute name, wherever a config or sub-config has it
 as an integer (or None where a size is optional and ``OPTIONAL`` names it)."""
@@ -119,7 +121,7 @@ WIDTH_LISTS = frozenset(
 )  # fmt: skip
 """Per-stage widths (hierarchical vision and audio stacks), scaled so the widest is 64."""
 DEPTH_LISTS = frozenset({"depths", "depth", "num_layers_per_stage", "stage_depths", "num_layers", "blocks_per_stage"})
-"""Per-stage depths, each cut to 2 (a windowed and a shifted-window block, say)."""
+"""Per-stage depths, each cut to 2 (a windowed and a shifted-window block, say), stage i to at most i + 1."""
 HEAD_LISTS = frozenset({"num_heads", "num_attention_heads", "heads", "attention_heads"})
 """Per-stage head counts, each the largest power of two up to half its value (at least 1)."""
 
@@ -130,6 +132,16 @@ def _size(config: Any, name: str) -> int | None:
     return SIZES.get(f"{getattr(config, 'model_type', '')}.{name}", SIZES.get(name))
 
 
+def _image_side(config: Any) -> int:
+    """The image side ``config`` (or its backbone's config) is built for (0: none)."""
+    for c in (config, getattr(config, "backbone_config", None)):
+        side = getattr(c, "image_size", None)
+        side = side[0] if isinstance(side, (list, tuple)) and side else side
+        if isinstance(side, int) and side > 0:
+            return side
+    return 0
+
+
 def _list(name: str, value: list[int], widest: int = 0) -> list[int] | None:
     """A per-stage list of sizes shrunk (None: not a size list this table knows). Widths are scaled
     by one factor for the whole config (``widest``: its widest per-stage width), so a stage's output
@@ -137,8 +149,8 @@ def _list(name: str, value: list[int], widest: int = 0) -> list[int] | None:
     (up to 4) is kept."""
     if name == "image_size":
         return [SIZES["image_size"]] * len(value)
-    if name in DEPTH_LISTS:
-        return [min(v, 2) for v in value]
+    if name in DEPTH_LISTS:  # stage i keeps i + 1 blocks where it had them (CvT reads a rate per stage index)
+        return [min(v, max(2, i + 1)) for i, v in enumerate(value)]
     if name in HEAD_LISTS:
         return [max(1, 2 ** max(v // 2, 1).bit_length() // 2) for v in value]
     widest = max(widest, *value)
@@ -271,7 +283,8 @@ def _overrides(config: Any, depth: int, full_depth: int | None) -> dict[str, Any
             if _size(config, name) is not None:
                 kw[name] = _size(config, name)
             continue
-        if full_depth and full_depth > 1 and _per_layer(name, value, full_depth):
+        stages = name in DEPTH_LISTS | HEAD_LISTS | WIDTH_LISTS  # per stage, not per layer (Swin's depths)
+        if full_depth and full_depth > 1 and not stages and _per_layer(name, value, full_depth):
             cut = _pattern(value, depth)  # one entry per layer: sizes among them shrunk like the rest
             if name == "layer_types" and depth > 1 and set(cut) <= NO_ATTENTION:
                 cut[-1] = "full_attention"  # as a checkpoint has: transformers' cache needs one attention layer
@@ -298,6 +311,9 @@ def _overrides(config: Any, depth: int, full_depth: int | None) -> dict[str, Any
         elif name == "attention_types" and isinstance(value, list) and value and isinstance(value[0], list):
             kinds = value[0][0]  # GPT-Neo's [[kinds, repeats]]: the kinds repeated to the depth
             kw[name] = [[kinds, max(1, depth // len(kinds))]]
+        elif name == "backbone_feature_sizes" and value and _image_side(config):  # SAM 2's feature maps
+            scale = _image_side(config) // SIZES["image_size"]
+            kw[name] = [[max(1, v // scale) for v in sides] for sides in value]
         elif name in LAYER_INDICES and value is not None:  # layers a model reads features from: in range
             kw[name] = _layer_index(value, depth)
         elif name in CHOICES and value != CHOICES[name]:
