@@ -96,6 +96,7 @@ SIZES = {
     "sliding_window": 4, "prediction_length": 4,
     "context_length": 64, "context_size": 32, "index_kpool": 2, "indexer_budget": 8, "indexer_compress_ratio": 2,
     "num_frames": 4, "max_length": 64, "coordinate_size": 4, "shape_size": 8,
+    "num_queries": 8,
     "image_size": 64, "mm_tokens_per_image": 4, "num_kv_shared_layers": 2,
     # audio codecs whose convolution stacks double the width per stride (DAC: 16x the first width)
     "dac.encoder_hidden_size": 8,
@@ -276,6 +277,7 @@ def _overrides(config: Any, depth: int, full_depth: int | None) -> dict[str, Any
     names = _fields(type(config))
     widest = _widest(config, names)
     kw: dict[str, Any] = {}
+    scalars: dict[Any, set[int]] = {}  # a full size -> the sizes it was shrunk to
     for name in names:
         try:
             value = getattr(config, name, None)
@@ -283,7 +285,7 @@ def _overrides(config: Any, depth: int, full_depth: int | None) -> dict[str, Any
             if _size(config, name) is not None:
                 kw[name] = _size(config, name)
             continue
-        stages = name in DEPTH_LISTS | HEAD_LISTS | WIDTH_LISTS  # per stage, not per layer (Swin's depths)
+        stages = name in DEPTH_LISTS | HEAD_LISTS  # per stage, not per layer (Swin's depths and heads)
         if full_depth and full_depth > 1 and not stages and _per_layer(name, value, full_depth):
             cut = _pattern(value, depth)  # one entry per layer: sizes among them shrunk like the rest
             if name == "layer_types" and depth > 1 and set(cut) <= NO_ATTENTION:
@@ -293,7 +295,7 @@ def _overrides(config: Any, depth: int, full_depth: int | None) -> dict[str, Any
         elif isinstance(value, PretrainedConfig) and value.model_type.startswith("timm"):
             kw[name], kw["use_timm_backbone"] = None, False  # timm is not installed: transformers' own backbone
         elif isinstance(value, PretrainedConfig):
-            kw[name] = shrunk(value, depth)
+            kw[name] = shrunk(value, depth, own=True)
         elif name in DEPTHS and isinstance(value, int) and not isinstance(value, bool):
             kw[name] = depth
         elif _size(config, name) is not None and (
@@ -301,6 +303,7 @@ def _overrides(config: Any, depth: int, full_depth: int | None) -> dict[str, Any
             or (value is None and name in OPTIONAL)
         ):
             kw[name] = _size(config, name)
+            scalars.setdefault(value, set()).add(kw[name])
         elif (
             isinstance(value, (list, tuple))
             and value
@@ -326,6 +329,15 @@ def _overrides(config: Any, depth: int, full_depth: int | None) -> dict[str, Any
             kw[name] = special(name)
         elif value is None and name in PLACEHOLDER_NAMES:  # left for the checkpoint to set (Voxtral's audio)
             kw[name] = special(name)
+    for name in names & WIDTH_LISTS:  # a list of one width the config also names as a size: that size's
+        value = getattr(config, name, None)  # (RT-DETR's decoder_in_channels: its encoder_hidden_dim, 256 each)
+        if (
+            name in kw
+            and isinstance(value, (list, tuple))
+            and len(set(value)) == 1
+            and len(scalars.get(value[0], ())) == 1
+        ):
+            kw[name] = type(value)([next(iter(scalars[value[0]]))] * len(value))
     if "kv_lora_rank" in kw and "num_key_value_heads" in kw:  # latent attention: every head has its keys
         kw["num_key_value_heads"] = kw.get("num_attention_heads", SIZES["num_attention_heads"])
     for name in ("rope_parameters", "rope_scaling"):
@@ -445,14 +457,46 @@ def _built(config: Any, kw: dict[str, Any]) -> Any:
     return type(config)(**kw)
 
 
-def shrunk(config: Any, depth: int) -> Any:
+def _chosen(config: Any) -> dict[str, Any]:
+    """The fields of a sub-config whose values its parent chose (not its class's defaults): RT-DETR's
+    ResNet gives three feature maps (``out_indices``), where a ResNet's default gives one."""
+    try:
+        default = type(config)()
+    except Exception:  # noqa: BLE001 - no default instance to compare with: the values as they are
+        return {}
+    chosen = {}
+    for name in _fields(type(config)) - {"transformers_version", "architectures", "id2label", "label2id"}:
+        try:
+            value = getattr(config, name)
+            if value != getattr(default, name) and not isinstance(value, PretrainedConfigType()):
+                chosen[name.removeprefix("_")] = value  # a backbone's `_out_indices`: passed as `out_indices`
+        except Exception:  # noqa: BLE001 - a per-layer attribute read globally (Gemma 4): left to the class
+            continue
+    return chosen
+
+
+def PretrainedConfigType() -> type:  # noqa: N802 - the class, imported late (the module imports no transformers)
+    from transformers import PretrainedConfig
+
+    return PretrainedConfig
+
+
+def shrunk(config: Any, depth: int, own: bool = False) -> Any:
     """``config``'s class built again with every size of ``SIZES`` and ``depth`` layers (sizes its
-    own validation asks for set as it asks: ``RULES``). A sub-config the constructor makes itself
-    (the ResNet-50 DETR builds in place of a timm backbone) is shrunk too, but for ``FULL_BACKBONES``."""
+    own validation asks for set as it asks: ``RULES``); ``own``: a sub-config, whose other values
+    its parent chose are kept (``_chosen``). A sub-config the constructor makes itself (the
+    ResNet-50 DETR builds in place of a timm backbone) is shrunk too, but for ``FULL_BACKBONES``."""
     from transformers import PretrainedConfig
 
     kw = _overrides(config, depth, _own_depth(config))
-    built = _built(config, kw)
+    built = None
+    if own:  # the parent's choices, kept where they fit the shrunk stack
+        with_chosen = {**_chosen(config), **kw}
+        try:
+            built, kw = _built(config, with_chosen), with_chosen
+        except Exception:  # noqa: BLE001 - they do not (LW-DETR's ViT names 12 layers): the class's own values
+            pass
+    built = built if built is not None else _built(config, kw)
     made = [n for n, v in kw.items() if v is None and isinstance(getattr(built, n, None), PretrainedConfig)]
     if not made or config.model_type in FULL_BACKBONES:
         return built

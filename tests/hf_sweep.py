@@ -424,8 +424,11 @@ def _head(model_type: str, auto: str, cls: str) -> Any:
     import transformers
 
     head = getattr(transformers, auto)
-    own = getattr(transformers, cls, None)
-    config = getattr(own, "config_class", None)
+    try:
+        own = getattr(transformers, cls, None)
+        config = getattr(own, "config_class", None)
+    except ImportError:  # the class needs a package this machine lacks: the auto class says which
+        return head
     if config is None or config.model_type == model_type:
         return head
     try:
