@@ -392,6 +392,7 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
         sides += [
             ("pixels", {"pixel_values": _pixels(config, g)}),
             ("pixels 64", {"pixel_values": _pixels(config, g, 64)}),
+            ("pixels 256", {"pixel_values": _pixels(config, g, 256)}),  # Depth Pro's 4 x 4 patches of 64
             ("video of 2 frames", {"pixel_values": _pixels(config, g)[:, None].expand(-1, 2, -1, -1, -1).clone()}),
         ]
     if "input_values" in params:

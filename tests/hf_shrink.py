@@ -105,6 +105,14 @@ SIZES = {
     "swin.image_size": 224,
     # Hiera's first stage is as wide as its hidden size (SAM 2's backbone: 96 of [96, ..., 768], scaled to 8)
     "sam2_hiera_det_model.hidden_size": 8, "sam2_hiera_det_model.num_attention_heads": 1,
+    # sizes a model's own code or validation ties to another: heads of 64 (BridgeTower's vision
+    # MultiheadAttention), Mamba 2's heads x head size = 2 x width, NeoMME's rotary quarter of the
+    # head a multiple of 4, Reformer's axial position sizes (64 + 192) summing to its width, Depth
+    # Pro's patch the image model's image, EfficientLoFTR's width its last stage's, BiT's groups
+    # dividing its narrowest stage, MUSE Spark's audio stages (one "layer" per stage: 4)
+    "bridgetower_vision_model.hidden_size": 64, "mamba2.num_heads": 8, "neomme.head_dim": 16,
+    "reformer.hidden_size": 256, "depth_pro.patch_size": 64, "efficientloftr.hidden_size": 64,
+    "bit.num_groups": 4, "muse_spark_audio.num_hidden_layers": 4,
 }  # fmt: skip
 """Every size the sweep shrinks, by config attribute name, wherever a config or sub-config has it
 as an integer (or None where a size is optional and ``OPTIONAL`` names it)."""
@@ -117,7 +125,7 @@ WIDTH_LISTS = frozenset(
         "downsample_channels", "intermediate_size", "moe_intermediate_size", "enc_channels",
         "layer_list_out_channels", "stem_channels", "fine_fusion_dims", "intermediate_feature_dims",
         "scaled_images_feature_dims", "post_process_channels", "sscp_conv_channel_size",
-        "subsampling_conv_channels", "in_channels", "out_channels", "hidden_size",
+        "subsampling_conv_channels", "in_channels", "out_channels", "hidden_size", "out_features",
     }
 )  # fmt: skip
 """Per-stage widths (hierarchical vision and audio stacks), scaled so the widest is 64."""
@@ -284,6 +292,9 @@ def _overrides(config: Any, depth: int, full_depth: int | None) -> dict[str, Any
         except Exception:  # noqa: BLE001 - a per-layer attribute read globally (Gemma 4): set for every layer
             if _size(config, name) is not None:
                 kw[name] = _size(config, name)
+            continue
+        if f"{config.model_type}.{name}" in SIZES:  # the model type's own entry: before every rule
+            kw[name] = SIZES[f"{config.model_type}.{name}"]
             continue
         stages = name in DEPTH_LISTS | HEAD_LISTS  # per stage, not per layer (Swin's depths and heads)
         if full_depth and full_depth > 1 and not stages and _per_layer(name, value, full_depth):
