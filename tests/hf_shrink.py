@@ -113,6 +113,9 @@ SIZES = {
     "bridgetower_vision_model.hidden_size": 64, "mamba2.num_heads": 8, "neomme.head_dim": 16,
     "reformer.hidden_size": 256, "depth_pro.patch_size": 64, "efficientloftr.hidden_size": 64,
     "bit.num_groups": 4, "muse_spark_audio.num_hidden_layers": 4,
+    # Apertus 1.5's image and audio codes as ranges of its vocabulary: [16, 48) and [48, 112) of 128
+    "apertus1p5.image_token_offset": 16, "apertus1p5.audio_token_offset": 48,
+    "apertus1p5_vision_tokenizer.codebook_size": 32,
 }  # fmt: skip
 """Every size the sweep shrinks, by config attribute name, wherever a config or sub-config has it
 as an integer (or None where a size is optional and ``OPTIONAL`` names it)."""

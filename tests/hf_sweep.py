@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from hf_inputs import candidates, prepare  # noqa: E402
-from hf_shrink import MAX_PARAMETERS, named_kinds, tiny  # noqa: E402
+from hf_shrink import FULL_BACKBONES, MAX_PARAMETERS, named_kinds, tiny  # noqa: E402
 
 NEW = 4
 TOL = 1e-4
@@ -472,6 +472,10 @@ def _check(model_type: str, auto: str, kind: str, cls: str = "") -> Outcome:
     try:
         built = tiny(model_type, head)
         made["kinds"] = ", ".join(named_kinds(built.kinds)) + f" ({built.depth} layers)"
+        if built.parameters > MAX_PARAMETERS and model_type in FULL_BACKBONES:
+            return outcome(
+                "unbuildable", f"{built.parameters:,} parameters: its ResNet-50 kept (hf_shrink.FULL_BACKBONES)"
+            )
         if built.parameters > MAX_PARAMETERS:
             return outcome("unbuildable", f"{built.parameters:,} parameters: a size hf_shrink.SIZES misses")
         config = built.config
@@ -479,7 +483,7 @@ def _check(model_type: str, auto: str, kind: str, cls: str = "") -> Outcome:
         torch.manual_seed(0)
         eager = head.from_config(copy.deepcopy(config), attn_implementation="eager").eval()
     except Exception as e:  # noqa: BLE001 - eager cannot build the tiny model: the reason
-        return outcome("unbuildable", _first_line(e))
+        return outcome("unbuildable", _default_fails(model_type, head) or f"tiny config: {_first_line(e)}")
     try:  # built under "qkv" (models that pick attention classes at __init__ do it now)
         model = head.from_config(copy.deepcopy(config), attn_implementation="qkv").eval()
     except ArgumentError as e:
@@ -554,6 +558,22 @@ def _check(model_type: str, auto: str, kind: str, cls: str = "") -> Outcome:
             return outcome("differs", why, notes)
         made["dtypes"] = "float32, bfloat16"
     return outcome("weights", SINK_SCALED[model_type], notes) if weights else outcome("matches", "", notes)
+
+
+def _default_fails(model_type: str, head: Any) -> str:
+    """transformers' own reason a class cannot be built: its default config does not build it
+    either (on the meta device: no memory), or it needs a package this machine lacks ("": it builds)."""
+    import torch
+    from transformers import AutoConfig
+
+    try:
+        with torch.device("meta"):
+            head.from_config(AutoConfig.for_model(model_type))
+    except ImportError as e:
+        return _first_line(e)
+    except Exception as e:  # noqa: BLE001 - transformers' default fails: its words
+        return f"transformers' default config does not build it: {_first_line(e)}"
+    return ""
 
 
 def _no_inputs(model: Any) -> str:
