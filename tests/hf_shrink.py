@@ -113,6 +113,13 @@ SIZES = {
     "bridgetower_vision_model.hidden_size": 64, "mamba2.num_heads": 8, "neomme.head_dim": 16,
     "reformer.hidden_size": 256, "depth_pro.patch_size": 64, "efficientloftr.hidden_size": 64,
     "bit.num_groups": 4, "muse_spark_audio.num_hidden_layers": 4,
+    "cvt.depth": [1, 2, 3],  # CvT reads stage i's drop-path rate at index i of that stage's blocks
+    # widths that double per stage from a first width (codecs, VQ-GANs, convolutional stems): a
+    # narrow first stage, so the last stays small
+    "neucodec.encoder_hidden_size": 4, "xcodec2.encoder_hidden_size": 4, "janus_vqgan.base_channels": 32,
+    "janus_vqgan.channel_multiplier": [1, 1, 1, 1, 1],
+    "vibevoice_acoustic_tokenizer.num_filters": 1, "vibevoice_acoustic_tokenizer_encoder.num_filters": 1,
+    "sam_vision_model.output_channels": 32, "mobilevitv2.width_multiplier": 0.5,
     # Apertus 1.5's image and audio codes as ranges of its vocabulary: [16, 48) and [48, 112) of 128
     "apertus1p5.image_token_offset": 16, "apertus1p5.audio_token_offset": 48,
     "apertus1p5_vision_tokenizer.codebook_size": 32,
@@ -132,8 +139,10 @@ WIDTH_LISTS = frozenset(
     }
 )  # fmt: skip
 """Per-stage widths (hierarchical vision and audio stacks), scaled so the widest is 64."""
-DEPTH_LISTS = frozenset({"depths", "depth", "num_layers_per_stage", "stage_depths", "num_layers", "blocks_per_stage"})
-"""Per-stage depths, each cut to 2 (a windowed and a shifted-window block, say), stage i to at most i + 1."""
+DEPTH_LISTS = frozenset(
+    {"depths", "depth", "num_layers_per_stage", "stage_depths", "num_layers", "blocks_per_stage", "n_attn_blocks"}
+)
+"""Per-stage depths, each cut to 2 (a windowed and a shifted-window block, say)."""
 HEAD_LISTS = frozenset({"num_heads", "num_attention_heads", "heads", "attention_heads"})
 """Per-stage head counts, each the largest power of two up to half its value (at least 1)."""
 
@@ -161,8 +170,8 @@ def _list(name: str, value: list[int], widest: int = 0) -> list[int] | None:
     (up to 4) is kept."""
     if name == "image_size":
         return [SIZES["image_size"]] * len(value)
-    if name in DEPTH_LISTS:  # stage i keeps i + 1 blocks where it had them (CvT reads a rate per stage index)
-        return [min(v, max(2, i + 1)) for i, v in enumerate(value)]
+    if name in DEPTH_LISTS:
+        return [min(v, 2) for v in value]
     if name in HEAD_LISTS:
         return [max(1, 2 ** max(v // 2, 1).bit_length() // 2) for v in value]
     widest = max(widest, *value)
