@@ -120,6 +120,7 @@ SIZES = {
     "janus_vqgan.channel_multiplier": [1, 1, 1, 1, 1],
     "vibevoice_acoustic_tokenizer.num_filters": 1, "vibevoice_acoustic_tokenizer_encoder.num_filters": 1,
     "sam_vision_model.output_channels": 32, "mobilevitv2.width_multiplier": 0.5,
+    "pp_lcnet_v3.scale": 0.25,
     # Apertus 1.5's image and audio codes as ranges of its vocabulary: [16, 48) and [48, 112) of 128
     "apertus1p5.image_token_offset": 16, "apertus1p5.audio_token_offset": 48,
     "apertus1p5_vision_tokenizer.codebook_size": 32,
