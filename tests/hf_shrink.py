@@ -71,6 +71,7 @@ SIZES = {
     # experts
     "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_topk": 2,
     "first_k_dense_replace": 1, "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "moe_num_experts": 4,
+    "moe_k": 2,
     # vocabularies and positions
     "vocab_size": VOCAB, "text_vocab_size": VOCAB, "input_vocab_size": VOCAB, "output_vocab_size": VOCAB,
     "src_vocab_size": VOCAB, "tgt_vocab_size": VOCAB, "t2u_vocab_size": VOCAB, "unit_hifi_gan_vocab_size": VOCAB,
@@ -121,6 +122,10 @@ SIZES = {
     "vibevoice_acoustic_tokenizer.num_filters": 1, "vibevoice_acoustic_tokenizer_encoder.num_filters": 1,
     "sam_vision_model.output_channels": 32, "mobilevitv2.width_multiplier": 0.5,
     "pp_lcnet_v3.scale": 0.25,
+    # sizes a default config leaves for the checkpoint (ESM's padding id, Step 3.5's window) or ties
+    # to another (Zamba's attention twice its width)
+    "esm.pad_token_id": 1, "step3p5.sliding_window": 4, "zamba.attention_hidden_size": 64,
+    "zamba.attention_head_dim": 16,
     # Apertus 1.5's image and audio codes as ranges of its vocabulary: [16, 48) and [48, 112) of 128
     "apertus1p5.image_token_offset": 16, "apertus1p5.audio_token_offset": 48,
     "apertus1p5_vision_tokenizer.codebook_size": 32,
