@@ -334,6 +334,11 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
             text["attention_mask"] = am
         if "bbox" in params:
             text["bbox"] = _boxes(config, SEQ, g)
+        slots = _int(config, "latent_query_num", default=0)
+        if "image_embeds_position_mask" in params and slots:  # Kosmos-2: the image's tokens after the first
+            first = (am == 0).long().argmin(-1) if "attention_mask" in params else torch.zeros(B, dtype=torch.long)
+            where = torch.arange(SEQ)[None] - first[:, None]
+            text["image_embeds_position_mask"] = ((where >= 1) & (where <= slots)).long()
         if "qformer_input_ids" in params:  # InstructBLIP's instruction, read by its Q-Former too
             text["qformer_input_ids"] = text["input_ids"]
             if "qformer_attention_mask" in params and "attention_mask" in text:

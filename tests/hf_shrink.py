@@ -106,6 +106,7 @@ SIZES = {
     "swin.image_size": 224,
     # Hiera's first stage is as wide as its hidden size (SAM 2's backbone: 96 of [96, ..., 768], scaled to 8)
     "sam2_hiera_det_model.hidden_size": 8, "sam2_hiera_det_model.num_attention_heads": 1,
+    "sam2_hiera_det_model.blocks_per_stage": [1, 2, 3, 2],  # its windowed and global blocks by index
     # sizes a model's own code or validation ties to another: heads of 64 (BridgeTower's vision
     # MultiheadAttention), Mamba 2's heads x head size = 2 x width, NeoMME's rotary quarter of the
     # head a multiple of 4, Reformer's axial position sizes (64 + 192) summing to its width, Depth
@@ -122,6 +123,8 @@ SIZES = {
     "vibevoice_acoustic_tokenizer.num_filters": 1, "vibevoice_acoustic_tokenizer_encoder.num_filters": 1,
     "sam_vision_model.output_channels": 32, "mobilevitv2.width_multiplier": 0.5,
     "pp_lcnet_v3.scale": 0.25,
+    # SAM 3's images whole patches of 14 (1008 = 72 x 14: 56 = 4 x 14); Kosmos-2's image in 4 tokens
+    "sam3_vision_model.image_size": 56, "sam3_vit_model.image_size": 56, "kosmos-2.latent_query_num": 4,
     # sizes a default config leaves for the checkpoint (ESM's padding id, Step 3.5's window) or ties
     # to another (Zamba's attention twice its width)
     "esm.pad_token_id": 1, "step3p5.sliding_window": 4, "zamba.attention_hidden_size": 64,
@@ -344,8 +347,8 @@ def _overrides(config: Any, depth: int, full_depth: int | None) -> dict[str, Any
             kinds = value[0][0]  # GPT-Neo's [[kinds, repeats]]: the kinds repeated to the depth
             kw[name] = [[kinds, max(1, depth // len(kinds))]]
         elif name == "backbone_feature_sizes" and value and _image_side(config):  # SAM 2's feature maps
-            scale = _image_side(config) // SIZES["image_size"]
-            kw[name] = [[max(1, v // scale) for v in sides] for sides in value]
+            full, side = _image_side(config), _size(config, "image_size") or SIZES["image_size"]
+            kw[name] = [[max(1, v * side // full) for v in sides] for sides in value]
         elif name in LAYER_INDICES and value is not None:  # layers a model reads features from: in range
             kw[name] = _layer_index(value, depth)
         elif name in CHOICES and value != CHOICES[name]:
