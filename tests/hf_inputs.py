@@ -377,6 +377,13 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
                 merge = _int(_sub(config, "vision_config"), "spatial_merge_size", default=2)
                 side["merge_sizes"] = torch.full((B,), merge)
             sides.append(("image patches", side))
+    if "pixel_position_ids" in params and "input_ids" not in params:  # Gemma 4's vision tower: patches and their (x, y)
+        vision = _sub(config, "vision_config")
+        patch, channels = _int(vision, "patch_size", default=16), _int(vision, "num_channels", default=3)
+        ys, xs = torch.meshgrid(torch.arange(6), torch.arange(6), indexing="ij")
+        where = torch.stack([xs.flatten(), ys.flatten()], -1)[None].expand(B, -1, -1).clone()
+        patches = torch.randn(B, 36, channels * patch * patch, generator=g)
+        sides.append(("image patches", {"pixel_values": patches, "pixel_position_ids": where}))
     if "spatial_shapes" in params and "pixel_attention_mask" in params:  # SigLIP 2's patches of any shape
         vision = _sub(config, "vision_config")
         patch, channels = _int(vision, "patch_size", default=16), _int(vision, "num_channels", default=3)

@@ -124,6 +124,8 @@ SIZES = {
     "sam_vision_model.output_channels": 32, "mobilevitv2.width_multiplier": 0.5,
     "pp_lcnet_v3.scale": 0.25,
     # SAM 3's images whole patches of 14 (1008 = 72 x 14: 56 = 4 x 14); Kosmos-2's image in 4 tokens
+    "num_key_value_heads_per_layer": 2, "sapiens2.num_key_value_attention_heads": 2,
+    "sapiens2.num_first_full_attention_layers": 1, "sapiens2.num_last_full_attention_layers": 1,
     "sam3_vision_model.image_size": 56, "sam3_vit_model.image_size": 56, "kosmos-2.latent_query_num": 4,
     # sizes a default config leaves for the checkpoint (ESM's padding id, Step 3.5's window) or ties
     # to another (Zamba's attention twice its width)
