@@ -297,6 +297,51 @@ def _other_sides(config: Any, params: set[str], main: str, padded: str, g: Any) 
         yield ("time series", {main: list(torch.randn(B, length, generator=g))})
 
 
+class Fresh:
+    """An input made anew for every forward, by the model it is for: a video session, whose state
+    the model changes as it runs."""
+
+    def __init__(self, make: Any) -> None:
+        self.make = make
+
+
+def fresh(kw: dict[str, Any], model: Any) -> dict[str, Any]:
+    """``kw`` with every ``Fresh`` input made for ``model``."""
+    return {k: v.make(model) if isinstance(v, Fresh) else v for k, v in kw.items()}
+
+
+def _video_session(model: Any, config: Any, g: Any) -> dict[str, Any] | None:
+    """A SAM 2-style video session (``inference_session``) for its first frame: two frames of the
+    vision tower's image size, one object prompted by a point on the first, as its processor adds
+    it; None when the model's module has no session class. (Not the second frame, whose memory
+    attention reads the first: the tiny configs' memory widths do not join, 3-D memories beside
+    4-D object pointers.)"""
+    import sys
+
+    import torch
+
+    module = sys.modules[type(model).__module__]
+    session = next((getattr(module, n) for n in dir(module) if n.endswith("InferenceSession")), None)
+    if session is None or not hasattr(session, "add_point_inputs"):
+        return None
+    vision = _sub(config, "vision_config")
+    side = _int(_sub(vision, "backbone_config"), "image_size", default=0) or _int(vision, "image_size", default=64)
+    video = torch.randn(2, 3, side, side, generator=g)
+
+    def make(model: Any) -> Any:
+        made = session(video=video, video_height=side, video_width=side, dtype=torch.float32)
+        obj = made.obj_id_to_idx(1)
+        point = {
+            "point_coords": torch.tensor([[[[side / 2, side / 3]]]]),
+            "point_labels": torch.ones(1, 1, 1, dtype=torch.int32),
+        }
+        made.add_point_inputs(obj, 0, point)
+        made.obj_with_new_inputs = [1]
+        return made
+
+    return {"inference_session": Fresh(make), "frame_idx": 0}
+
+
 def prepare(model: Any) -> None:
     """What a model needs set before its first forward, as its processor or a user sets it: the
     language of X-MOD's adapters."""
@@ -407,6 +452,9 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
             ("pixels 256", {"pixel_values": _pixels(config, g, 256)}),  # Depth Pro's 4 x 4 patches of 64
             ("video of 2 frames", {"pixel_values": _pixels(config, g)[:, None].expand(-1, 2, -1, -1, -1).clone()}),
         ]
+    if "inference_session" in params:  # a video model run frame by frame (SAM 2 video)
+        session = _video_session(model, config, g)
+        sides += [("video session", session)] if session is not None else []
     if "input_values" in params:
         sides += [(f"waveform {n}", {"input_values": torch.randn(B, n, generator=g)}) for n in (4000, 16000)]
         sides += [("waveform 4000, 1 channel", {"input_values": torch.randn(B, 1, 4000, generator=g)})]  # codecs
