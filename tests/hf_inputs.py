@@ -395,6 +395,11 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
             both = _with_images(model, config, text, images)
             if both is not None:
                 yield ("text + image", both)
+    if "image_attention_mask" in params and "pixel_values" in params and "input_ids" in text:
+        # IDEFICS: one image per sequence, (B, images, C, H, W), that every real token may attend
+        am = text.get("attention_mask", torch.ones_like(text["input_ids"]))
+        image = {"pixel_values": _pixels(config, g)[:, None], "image_attention_mask": am[..., None].clone()}
+        yield ("text + image", {**text, **image})
     if "input_features" in params and "input_ids" in text and media_token(config, "audio") is not None:
         for audio in _audio_sets(params, config, g):  # an audio LM: its clips' placeholders in the text
             both = _with_images(model, config, text, audio, "audio")
@@ -456,7 +461,8 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
         session = _video_session(model, config, g)
         sides += [("video session", session)] if session is not None else []
     if "input_values" in params:
-        sides += [(f"waveform {n}", {"input_values": torch.randn(B, n, generator=g)}) for n in (4000, 16000)]
+        # 3840: whole frames of 1920 samples (MUSE Spark's audio)
+        sides += [(f"waveform {n}", {"input_values": torch.randn(B, n, generator=g)}) for n in (4000, 16000, 3840)]
         sides += [("waveform 4000, 1 channel", {"input_values": torch.randn(B, 1, 4000, generator=g)})]  # codecs
         sides += [("spectrogram", {"input_values": f}) for f in _audio_features(config, g)]  # AST's (B, frames, mel)
     if "input_features" in params:
