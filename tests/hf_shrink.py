@@ -126,6 +126,9 @@ SIZES = {
     # SAM 3's images whole patches of 14 (1008 = 72 x 14: 56 = 4 x 14); Kosmos-2's image in 4 tokens
     "num_key_value_heads_per_layer": 2, "sapiens2.num_key_value_attention_heads": 2,
     "sapiens2.num_first_full_attention_layers": 1, "sapiens2.num_last_full_attention_layers": 1,
+    # encoders whose value projection has every head (keys grouped, values not): no grouped heads
+    "nemotron3_diarization_audio.num_key_value_heads": 4, "nemotron3_5_transcribe_asr_audio.num_key_value_heads": 4,
+    "nemotron3_5_transcribe_word_timestamp.num_key_value_heads": 4,
     "sam3_vision_model.image_size": 56, "sam3_vit_model.image_size": 56, "kosmos-2.latent_query_num": 4,
     # sizes a default config leaves for the checkpoint (ESM's padding id, Step 3.5's window) or ties
     # to another (Zamba's attention twice its width)
