@@ -108,6 +108,8 @@ def _audio_features(config: Any, g: Any, with_frames: bool = False) -> Iterator[
     window = _int(audio, "n_window", default=0)  # Qwen3-ASR reads whole windows of 2 x n_window frames
     if window:
         shapes.append((mel, 2 * window, 2 * window))
+    for k in sorted({2, 4, _int(audio, "num_stacked_frames", default=2)}):  # k frames stacked per step
+        shapes.append((9 * k, k * mel, 9 * k))  # (Granite Speech 5's 4 x 80, Fun-ASR's 7 x 80)
     projected = _int(audio, "feature_projection_input_dim", default=0)  # stacked frames (w2v-BERT's 2 x 80)
     if projected and projected != mel:
         shapes.append((64, projected, 64))
