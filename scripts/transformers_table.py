@@ -71,6 +71,30 @@ def rows(outcomes: list | None = None) -> list[tuple[str, ...]]:
     ]
 
 
+UNBUILT = (
+    ("ImportError", "a package transformers asks for is not installed here (timm, natten, detectron2, torchaudio)"),
+    ("transformers' default config does not build it", "transformers' default config does not build the class"),
+    ("defines no forward", "the class has no forward"),
+    ("transformers: ", "its forward fails in transformers' own code for any input"),
+    ("FULL_BACKBONES", "withheld: its full-size backbone kept (`hf_shrink.FULL_BACKBONES`)"),
+)
+"""Why a class is not built, by the words its row gives: transformers' own reasons, then the
+sweep's withheld backbones; any other row is the sweep's own shortfall (its tiny config or inputs)."""
+
+
+def unbuilt(found: list[tuple[str, ...]]) -> str:
+    """One sentence: the not-built classes by why."""
+    whys = [r[6].replace("\\", "") for r in found if r[5] == STATUS["unbuildable"]]
+    parts, left = [], len(whys)
+    for words, said in UNBUILT:
+        n = sum(words in w for w in whys)
+        left -= n
+        if n:
+            parts.append(f"{n}: {said}")
+    parts.append(f"{left}: the sweep cannot yet build it or make inputs its forward takes (its tiny config or inputs)")
+    return f"Not built here, {len(whys)} classes; " + "; ".join(parts) + "."
+
+
 def totals(found: list[tuple[str, ...]]) -> str:
     """One line: how many classes (and model types) end in each outcome."""
     by_status = Counter(r[5] for r in found)
@@ -103,6 +127,8 @@ def table(outcomes: list | None = None) -> str:
         "named in the last column.",
         "",
         totals(found),
+        "",
+        unbuilt(found),
         "",
         '| model_type | class | inputs | layer kinds built | dtypes | under `"qkv"` | why |',
         "| --- | --- | --- | --- | --- | --- | --- |",
