@@ -409,6 +409,12 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
                 yield ("text + audio", both)
     if text and (main == "input_ids" or main not in params):
         yield ("text", text)
+    channels = (
+        _int(_sub(config, "decoder_config"), "num_channels", default=0) if "decoder_config" in vars(config) else 0
+    )
+    if channels > 1 and "decoder_input_ids" in text:  # Dia's decoder: a code per audio channel, (B, Nq, channels)
+        codes = torch.randint(3, max(vocab(config) - SPECIAL, 4), (B, DEC, channels), generator=g)
+        yield ("text, channel codes", {**text, "decoder_input_ids": codes})
     codebooks = _int(config, "num_codebooks", default=0)
     if codebooks > 1 and "input_ids" in text:  # MusicGen's decoder: a row of ids per codebook, (B * K, Nq)
         ids = torch.randint(3, max(vocab(config) - SPECIAL, 4), (B * codebooks, SEQ), generator=g)
