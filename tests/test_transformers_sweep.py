@@ -106,6 +106,16 @@ def test_the_shrink_keeps_every_layer_kind(model_type, auto, kinds):
         ("time_series_transformer", "AutoModel", "time series"),
         ("layoutlm", "AutoModelForMaskedLM", "text, padded"),  # boxes within its coordinate range
         ("videoprism", "AutoModel", "text + video, padded"),  # a class token joined to the padded text
+        ("musicgen", "AutoModelForCausalLM", "codebook ids, padded"),  # its decoder config, a row per codebook
+        ("dia", "AutoModelForSpeechSeq2Seq", "text, channel codes, padded"),
+        ("decision_transformer", "AutoModel", "trajectories, padded"),  # 3 tokens per step, real rows only
+        ("mimi_decoder", "AutoModel", "latent frames"),
+        ("kimi_k25_vision", "AutoModel", "image patches"),  # (C, p, p) patches, one frame each
+        ("gemma4_vision", "AutoModel", "image patches"),  # patches with their (x, y) ids
+        ("idefics", "AutoModel", "text + image, padded"),  # its image attention mask
+        ("kosmos-2", "AutoModel", "text + pixels, padded"),  # its image's token positions
+        ("sam2_video", "AutoModel", "video session"),  # a session made anew for every forward
+        ("granite_speech5_encoder", "AutoModel", "audio features"),  # 4 frames stacked per step
     ],
 )
 def test_each_forward_gets_the_inputs_it_takes(model_type, auto, inputs):
@@ -114,6 +124,40 @@ def test_each_forward_gets_the_inputs_it_takes(model_type, auto, inputs):
     hf_sweep.register_once()
     outcome = hf_sweep.check(*entry(model_type, auto))
     assert (outcome.status, outcome.inputs) == ("matches", inputs), outcome
+
+
+@pytest.mark.parametrize(
+    ("model_type", "auto", "budget"),
+    [
+        ("deformable_detr", "AutoModel", "the ResNet transformers builds in place of timm's, shrunk"),
+        ("rt_detr", "AutoModel", "its ResNet's three feature maps, as RT-DETR chooses them"),
+        ("dac", "AutoModel", "a model type's own first width"),
+        ("swin", "AutoModel", "per-stage depths never cut as a per-layer pattern"),
+    ],
+)
+def test_the_shrink_builds_backbones_and_codecs_under_budget(model_type, auto, budget):
+    """These were over budget or could not run: a timm backbone replaced by a full ResNet-50,
+    a sub-config rebuilt from its class's defaults (RT-DETR's ResNet gave one feature map of the
+    three it reads), a codec doubling its first width per stride, Swin's depths cut to two stages."""
+    built = hf_shrink.tiny(model_type, getattr(transformers, auto))
+    assert built.parameters <= hf_shrink.MAX_PARAMETERS, (budget, built.parameters)
+    if model_type == "rt_detr":
+        assert list(built.config.backbone_config.out_indices) == [2, 3, 4]
+    hf_sweep.register_once()
+    outcome = hf_sweep.check(*entry(model_type, auto))
+    assert outcome.status in ("matches", "unused"), outcome
+
+
+def test_what_transformers_itself_cannot_build_is_said_so():
+    """A class whose default config transformers cannot build either names transformers' reason;
+    one that needs a missing package names the package; DETR's kept backbone names the list."""
+    hf_sweep.register_once()
+    dbrx = hf_sweep.check(*entry("dbrx", "AutoModelForCausalLM"))
+    assert dbrx.status == "unbuildable" and dbrx.why.startswith("transformers' default config does not build it")
+    timm = hf_sweep.check(*entry("timm_wrapper", "AutoModel"))
+    assert timm.status == "unbuildable" and "timm" in timm.why and timm.why.startswith("ImportError")
+    detr = hf_sweep.check(*entry("detr", "AutoModel"))
+    assert detr.status == "unbuildable" and "FULL_BACKBONES" in detr.why
 
 
 @pytest.fixture(scope="module")
