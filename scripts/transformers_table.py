@@ -8,9 +8,9 @@ right and left padding, ``output_attentions`` for every sequence, every paramete
 ``generate`` with a dynamic and a static cache; bfloat16 too for the main families). One row per
 class: its inputs, the layer kinds built, the dtypes compared and what happened: *matches* eager
 (or all but ``output_attentions``, by the model's own convention), *refused* (qkv raised
-``ArgumentError``: the reason), *never calls qkv*, *not built here* (transformers' own reason),
-or *differs* (a bug: the sweep's test fails). ``tests/test_transformers_sweep.py`` (slow) checks
-that the table says what the sweep finds.
+``ArgumentError``: the reason), *never calls qkv*, *not built here* (the reason, summed by kind:
+transformers' own, withheld, the sweep's), or *differs* (a bug: the sweep's test fails).
+``tests/test_transformers_sweep.py`` (slow) checks that the table says what the sweep finds.
 
     .venv/bin/python scripts/transformers_table.py            # rewrite the table in the docs
     .venv/bin/python scripts/transformers_table.py --check    # exit 1 if the docs are stale
@@ -123,8 +123,9 @@ def table(outcomes: list | None = None) -> str:
         "for `output_attentions`* = the model's own eager code returns other weights than those it applies; "
         "*refused* = qkv raises `ArgumentError` (the reason; for a class transformers marks eager-only, what "
         "it does when run anyway); *never calls qkv* = it runs, but no layer called qkv; *not built here* = "
-        "eager itself cannot build or run the tiny model (transformers' reason). Checks eager cannot run are "
-        "named in the last column.",
+        "eager does not build or run the tiny model (the reason: transformers' own, the backbone kept at full "
+        "size, or the sweep's, which cannot yet build it or make the inputs it takes; the line below the "
+        "totals sums them). Checks eager cannot run are named in the last column.",
         "",
         totals(found),
         "",

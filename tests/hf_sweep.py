@@ -27,9 +27,12 @@ model whose own code reads the mask's values (NLLB-MoE's router) must get eager'
 
 ``sweep()`` gives one ``Outcome`` per class: ``matches`` (and qkv ran), ``weights`` (matches but
 for the weights ``output_attentions`` returns, by a convention of the model's own eager code:
-``SINK_SCALED``), ``refused`` (qkv raised ``ArgumentError``: the reason), ``unbuildable`` (the
-reason, transformers' own: eager cannot build or run the tiny model), ``unused`` (it ran, no layer
-called qkv), or ``differs`` (a bug). Shared by ``tests/test_transformers_sweep.py`` and
+``SINK_SCALED``), ``refused`` (qkv raised ``ArgumentError``: the reason), ``unbuildable`` (eager
+does not build or run the tiny model: transformers' reason where its default config fails too, a
+package is missing or its forward fails in its own code (``OWN``); else the sweep's, marked ``tiny
+config:``, ``eager forward:`` or over the budget), ``unused`` (it ran, no layer called qkv), or
+``differs`` (a bug). Where eager alone disagrees with sdpa and qkv gives sdpa's answer, the row
+matches and says so (``_eager_alone``). Shared by ``tests/test_transformers_sweep.py`` and
 ``scripts/transformers_table.py``.
 """
 
