@@ -442,6 +442,11 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
         where = torch.stack([xs.flatten(), ys.flatten()], -1)[None].expand(B, -1, -1).clone()
         patches = torch.randn(B, 36, channels * patch * patch, generator=g)
         sides.append(("image patches", {"pixel_values": patches, "pixel_position_ids": where}))
+    if "target_sizes" in params and "input_ids" not in params:  # MiniCPM's vision tower: images packed in one row
+        vision = _sub(config, "vision_config")
+        patch, channels = _int(vision, "patch_size", default=14), _int(vision, "num_channels", default=3)
+        packed = torch.randn(1, channels, patch, 2 * 16 * patch, generator=g)  # two images of 4 x 4 patches
+        sides.append(("packed image patches", {"pixel_values": packed, "target_sizes": torch.tensor([[4, 4]] * 2)}))
     if "spatial_shapes" in params and "pixel_attention_mask" in params:  # SigLIP 2's patches of any shape
         vision = _sub(config, "vision_config")
         patch, channels = _int(vision, "patch_size", default=16), _int(vision, "num_channels", default=3)
