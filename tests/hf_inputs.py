@@ -409,6 +409,10 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
                 yield ("text + audio", both)
     if text and (main == "input_ids" or main not in params):
         yield ("text", text)
+    if {"input_features", "encoder_inputs_embeds"} <= params and "input_ids" in text:
+        # a streaming audio LM (Voxtral realtime): its audio encoder's 8 frames per text token, beside the text
+        mel = _int(_sub(config, "audio_config"), "num_mel_bins", default=128)
+        yield ("text + aligned audio", {**text, "input_features": torch.randn(B, mel, 8 * SEQ, generator=g)})
     channels = (
         _int(_sub(config, "decoder_config"), "num_channels", default=0) if "decoder_config" in vars(config) else 0
     )
