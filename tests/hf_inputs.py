@@ -425,6 +425,10 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
         if "attention_mask" in text:
             ids = ids.masked_fill(text["attention_mask"].repeat_interleave(codebooks, 0) == 0, 0)
         yield ("codebook ids", {**text, "input_ids": ids})
+        # Kyutai's speech-to-text: a text id and a code per codebook at each step, (B, Nq, 1 + K)
+        steps = torch.randint(3, max(vocab(config) - SPECIAL, 4), (B, SEQ, 1 + codebooks), generator=g)
+        steps[..., 0] = text["input_ids"]
+        yield ("text + codes per step", {**text, "input_ids": steps})
     first = next(iter(inspect.signature(model.forward).parameters), main)  # BLIP-2's Q-Former: not main_input_name
     sides: list[tuple[str, dict[str, Any]]] = list(
         _other_sides(config, params, main if main in params else first, padded, g)
