@@ -97,7 +97,7 @@ def _audio_features(config: Any, g: Any, with_frames: bool = False) -> Iterator[
     ``with_frames``): the layouts models read."""
     import torch
 
-    audio = _sub(config, "audio_config", "encoder_config", "speech_config", "encoder")
+    audio = _sub(config, "audio_config", "encoder_config", "speech_config", "encoder", "asr_config")
     names = ("num_mel_bins", "feature_size", "n_mels", "input_feat_size", "input_dim", "n_mel_bins")
     mel = _int(audio, *names, default=80)
     per_channel = getattr(audio, "input_feat_per_channel", None)
