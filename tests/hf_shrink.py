@@ -129,6 +129,8 @@ SIZES = {
     # encoders whose value projection has every head (keys grouped, values not): no grouped heads
     "nemotron3_diarization_audio.num_key_value_heads": 4, "nemotron3_5_transcribe_asr_audio.num_key_value_heads": 4,
     "nemotron3_5_transcribe_word_timestamp.num_key_value_heads": 4, "granite_speech5_encoder.num_key_value_heads": 4,
+    # EdgeTAM video's 2-D latents: one per window of the shrunk image's 4 x 4 feature map
+    "edgetam_video.perceiver_resampler_num_latents_2d": 16, "edgetam_video.perceiver_resampler_num_latents": 16,
     "sam3_vision_model.image_size": 56, "sam3_vit_model.image_size": 56, "kosmos-2.latent_query_num": 4,
     # sizes a default config leaves for the checkpoint (ESM's padding id, Step 3.5's window) or ties
     # to another (Zamba's attention twice its width)

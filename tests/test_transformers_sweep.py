@@ -116,6 +116,9 @@ def test_the_shrink_keeps_every_layer_kind(model_type, auto, kinds):
         ("kosmos-2", "AutoModel", "text + pixels, padded"),  # its image's token positions
         ("sam2_video", "AutoModel", "video session"),  # a session made anew for every forward
         ("granite_speech5_encoder", "AutoModel", "audio features"),  # 4 frames stacked per step
+        ("voxtral_realtime", "AutoModelForSeq2SeqLM", "text + aligned audio, padded"),  # 8 frames per token
+        ("kyutai_speech_to_text", "AutoModelForSpeechSeq2Seq", "text + codes per step, padded"),
+        ("minicpm_ocr_vision", "AutoModel", "packed image patches"),  # two images in one row
     ],
 )
 def test_each_forward_gets_the_inputs_it_takes(model_type, auto, inputs):
