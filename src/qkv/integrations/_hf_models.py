@@ -51,6 +51,7 @@ EAGER_ONLY_PROVEN = frozenset(
         "bigbird_pegasus",
         "longt5",
         "markuplm",
+        "maskformer",
         "nllb-moe",
         "speech_to_text",
         "splinter",
