@@ -499,6 +499,8 @@ def _built(config: Any, kw: dict[str, Any]) -> Any:
 def _chosen(config: Any) -> dict[str, Any]:
     """The fields of a sub-config whose values its parent chose (not its class's defaults): RT-DETR's
     ResNet gives three feature maps (``out_indices``), where a ResNet's default gives one."""
+    from transformers import PretrainedConfig
+
     try:
         default = type(config)()
     except Exception:  # noqa: BLE001 - no default instance to compare with: the values as they are
@@ -507,17 +509,11 @@ def _chosen(config: Any) -> dict[str, Any]:
     for name in _fields(type(config)) - {"transformers_version", "architectures", "id2label", "label2id"}:
         try:
             value = getattr(config, name)
-            if value != getattr(default, name) and not isinstance(value, PretrainedConfigType()):
+            if value != getattr(default, name) and not isinstance(value, PretrainedConfig):
                 chosen[name.removeprefix("_")] = value  # a backbone's `_out_indices`: passed as `out_indices`
         except Exception:  # noqa: BLE001 - a per-layer attribute read globally (Gemma 4): left to the class
             continue
     return chosen
-
-
-def PretrainedConfigType() -> type:  # noqa: N802 - the class, imported late (the module imports no transformers)
-    from transformers import PretrainedConfig
-
-    return PretrainedConfig
 
 
 def shrunk(config: Any, depth: int, own: bool = False) -> Any:
