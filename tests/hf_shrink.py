@@ -123,6 +123,22 @@ SIZES = {
     "vibevoice_acoustic_tokenizer.num_filters": 1, "vibevoice_acoustic_tokenizer_encoder.num_filters": 1,
     "sam_vision_model.output_channels": 32, "mobilevitv2.width_multiplier": 0.5,
     "pp_lcnet_v3.scale": 0.25,
+    # convolutional stacks whose code hard-wires a width beside the config's lists: EfficientNet's stem
+    # (32) and top (1280) scaled by its width coefficient (the lists kept, the coefficient shrunk),
+    # TextNet's stem as wide as its first stage
+    "efficientnet.width_coefficient": 0.25, "efficientnet.depth_coefficient": 1.0, "efficientnet.hidden_dim": 320,
+    "efficientnet.in_channels": [32, 16, 24, 40, 80, 112, 192],
+    "efficientnet.out_channels": [16, 24, 40, 80, 112, 192, 320],
+    "textnet.stem_out_channels": 8,
+    # PP-LCNet v4's stages are a nested table of (kernel, in, out, stride, se) blocks, which no width
+    # rule reaches: its stem kept as wide as their first block (PP-OCRv6 small's backbone)
+    "pp_lcnet_v4.stem_channels": [3, 48, 96],
+    # PP-DocLayout v3's mask branch reads its backbone's first stage (HGNet-V2 L: 128 of 2048 channels,
+    # scaled to 8) by a width of its own
+    "pp_doclayout_v3.x4_feat_dim": 8,
+    # UnivNet's kernel predictor's residual blocks are as wide as its noise (`model_in_channels`), not
+    # as its own hidden width (64 each by default): the two kept equal
+    "univnet.model_in_channels": 8,
     # SAM 3's images whole patches of 14 (1008 = 72 x 14: 56 = 4 x 14); Kosmos-2's image in 4 tokens
     "num_key_value_heads_per_layer": 2, "sapiens2.num_key_value_attention_heads": 2,
     "sapiens2.num_first_full_attention_layers": 1, "sapiens2.num_last_full_attention_layers": 1,

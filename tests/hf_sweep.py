@@ -80,6 +80,10 @@ OWN = {
         ("qwen2_5_omni_thinker", "Qwen2_5OmniThinkerConfig"),
         ("qwen3_omni_moe_thinker", "Qwen3OmniMoeThinkerConfig"),
     )
+} | {
+    "pp_ocrv6_small_det": "its default backbone (PP-LCNet v4, `out_features=['stage4']`) gives one feature map "
+    "of 384 channels, where its neck reads four of `layer_list_out_channels` (12, 18, 42, 360): the default "
+    "config fails so at full size too",
 }
 """Model types whose eager forward fails for a reason of transformers' own, read in its source:
 any input fails the same way."""
