@@ -136,6 +136,19 @@ SIZES = {
     # PP-DocLayout v3's mask branch reads its backbone's first stage (HGNet-V2 L: 128 of 2048 channels,
     # scaled to 8) by a width of its own
     "pp_doclayout_v3.x4_feat_dim": 8,
+    # UVDoc's nested block tables ([in, out, dilation, downsample] blocks, [width, dilation] bridges):
+    # every width a quarter of its default, the image's 3 channels and the 2-D points' 2 kept
+    "uvdoc_backbone.resnet_head": [[3, 8], [8, 8]],
+    "uvdoc_backbone.resnet_configs": [
+        [[8, 8, 1, False], [8, 8, 3, False], [8, 8, 3, False]],
+        [[8, 16, 1, True], [16, 16, 3, False], [16, 16, 3, False], [16, 16, 3, False]],
+        [[16, 32, 1, True], *[[32, 32, 3, False]] * 5],
+    ],
+    "uvdoc_backbone.stage_configs": [
+        [[32, 1]], [[32, 2]], [[32, 5]], [[32, 8], [32, 3], [32, 2]], [[32, 12], [32, 7], [32, 4]],
+        [[32, 18], [32, 12], [32, 6]],
+    ],
+    "uvdoc.bridge_connector": [32, 32], "uvdoc.out_point_positions2D": [[32, 8], [8, 2]],
     # UnivNet's kernel predictor's residual blocks are as wide as its noise (`model_in_channels`), not
     # as its own hidden width (64 each by default): the two kept equal
     "univnet.model_in_channels": 8,
@@ -158,6 +171,20 @@ SIZES = {
 }  # fmt: skip
 """Every size the sweep shrinks, by config attribute name, wherever a config or sub-config has it
 as an integer (or None where a size is optional and ``OPTIONAL`` names it)."""
+
+KWARGS = {
+    "dots3_note_text": {
+        "swa_num_attention_heads": 4, "swa_num_key_value_heads": 4, "swa_q_lora_rank": 16, "swa_kv_lora_rank": 16,
+        "swa_head_dim": 16, "swa_qk_nope_head_dim": 8, "swa_v_head_dim": 8,
+    },
+    "uvdoc_backbone": {"out_indices": [1, 2, 3, 4, 5, 6]},
+}  # fmt: skip
+"""Sizes and choices a config's constructor takes as keyword arguments only (no field of that name),
+by model type: Dots 3 Note's sliding-window layers, whose per-layer table (``per_layer_config``) the
+constructor fills from ``swa_*`` arguments (every head with its keys, as its validation asks; the
+head its nope and rope parts, 8 each, as the indexed layers' latent attention); UVDoc's backbone
+giving the feature map of every stage, as a checkpoint's does (its default gives the last only,
+where its head joins all six: the default config fails at full size)."""
 
 WIDTH_LISTS = frozenset(
     {
@@ -384,6 +411,7 @@ def _overrides(config: Any, depth: int, full_depth: int | None) -> dict[str, Any
             kw[name] = special(name)
         elif value is None and name in PLACEHOLDER_NAMES:  # left for the checkpoint to set (Voxtral's audio)
             kw[name] = special(name)
+    kw.update(KWARGS.get(getattr(config, "model_type", ""), {}))
     for name in names & WIDTH_LISTS:  # a list of one width the config also names as a size: that size's
         value = getattr(config, name, None)  # (RT-DETR's decoder_in_channels: its encoder_hidden_dim, 256 each)
         if (

@@ -81,9 +81,9 @@ OWN = {
         ("qwen3_omni_moe_thinker", "Qwen3OmniMoeThinkerConfig"),
     )
 } | {
-    "pp_ocrv6_small_det": "its default backbone (PP-LCNet v4, `out_features=['stage4']`) gives one feature map "
-    "of 384 channels, where its neck reads four of `layer_list_out_channels` (12, 18, 42, 360): the default "
-    "config fails so at full size too",
+    "pp_ocrv6_small_det": "its neck reads four feature maps of `layer_list_out_channels` (12, 18, 42, 360: "
+    "PP-LCNet v3's at scale 0.75, the backbone its `sub_configs_defaults` names), but its default config "
+    "builds PP-LCNet v4, which gives one of 384 channels: the default config fails so at full size too",
 }
 """Model types whose eager forward fails for a reason of transformers' own, read in its source:
 any input fails the same way."""
