@@ -114,6 +114,7 @@ SIZES = {
     # dividing its narrowest stage, MUSE Spark's audio stages (one "layer" per stage: 4)
     "bridgetower_vision_model.hidden_size": 64, "mamba2.num_heads": 8, "neomme.head_dim": 16,
     "reformer.hidden_size": 256, "depth_pro.patch_size": 64, "efficientloftr.hidden_size": 64,
+    "efficientloftr.num_attention_heads": 8,  # its 2-D rotary table is a quarter of the width: 8 heads (4 x head/2)
     "bit.num_groups": 4, "muse_spark_audio.num_hidden_layers": 4,
     "cvt.depth": [1, 2, 3],  # CvT reads stage i's drop-path rate at index i of that stage's blocks
     # widths that double per stage from a first width (codecs, VQ-GANs, convolutional stems): a
