@@ -262,8 +262,8 @@ DEPTHS = frozenset(
 
 TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1}
 
-LAYER_INDICES = frozenset({"vision_feature_layer", "feature_layer", "vision_feature_layers"})
-"""Layers (an index or a list: LLaVA's -2, Molmo 2's [24, 18]) whose hidden states a model reads:
+LAYER_INDICES = frozenset({"vision_feature_layer", "feature_layer", "vision_feature_layers", "intermediate_hook_ids"})
+"""Layers (an index or a list: LLaVA's -2, Molmo 2's [24, 18], Depth Pro's [11, 5]) whose hidden states a model reads:
 kept where the shrunk depth has them, else moved to its nearest layer."""
 
 
