@@ -150,6 +150,9 @@ SIZES = {
         [[32, 18], [32, 12], [32, 6]],
     ],
     "uvdoc.bridge_connector": [32, 32], "uvdoc.out_point_positions2D": [[32, 8], [8, 2]],
+    # LW-DETR's default has no feature level (`projector_scale_factors=()`: its encoder joins none and
+    # fails at full size too), where a checkpoint names its levels: one at the backbone's own scale
+    "lw_detr.projector_scale_factors": [1.0],
     # UnivNet's kernel predictor's residual blocks are as wide as its noise (`model_in_channels`), not
     # as its own hidden width (64 each by default): the two kept equal
     "univnet.model_in_channels": 8,
