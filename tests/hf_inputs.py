@@ -13,6 +13,7 @@ not guessed per model.
 """
 
 import inspect
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -97,7 +98,9 @@ def _audio_features(config: Any, g: Any, with_frames: bool = False) -> Iterator[
     ``with_frames``): the layouts models read."""
     import torch
 
-    audio = _sub(config, "audio_config", "encoder_config", "speech_config", "encoder", "asr_config")
+    audio = _sub(
+        config, "audio_config", "encoder_config", "speech_config", "encoder", "asr_config", "semantic_model_config"
+    )
     names = ("num_mel_bins", "feature_size", "n_mels", "input_feat_size", "input_dim", "n_mel_bins")
     mel = _int(audio, *names, default=80)
     per_channel = getattr(audio, "input_feat_per_channel", None)
@@ -488,6 +491,13 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
         sides += [("spectrogram", {"input_values": f}) for f in _audio_features(config, g)]  # AST's (B, frames, mel)
     if "input_features" in params:
         sides += [("audio features", side) for side in _audio_sets(params, config, g)]
+    if {"input_values", "input_features"} <= params:  # a codec reading a clip's waveform and its features
+        hop = math.prod(getattr(config, "downsampling_ratios", None) or [1])  # samples per frame: X-Codec 2 joins
+        for f, frames in _audio_features(config, g, with_frames=True):  # the two per frame
+            side = {"input_values": torch.randn(B, 1, hop * frames, generator=g), "input_features": f}
+            if "input_features_mask" in params:
+                side["input_features_mask"] = torch.ones(B, frames, dtype=torch.long)
+            sides.append(("waveform + audio features", side))
     for what, side in sides:
         if "input_ids" in text:
             yield (f"text + {what}", {**text, **side})

@@ -119,7 +119,12 @@ SIZES = {
     "cvt.depth": [1, 2, 3],  # CvT reads stage i's drop-path rate at index i of that stage's blocks
     # widths that double per stage from a first width (codecs, VQ-GANs, convolutional stems): a
     # narrow first stage, so the last stays small
-    "neucodec.encoder_hidden_size": 4, "xcodec2.encoder_hidden_size": 4, "janus_vqgan.base_channels": 32,
+    "neucodec.encoder_hidden_size": 4, "xcodec2.encoder_hidden_size": 4,
+    # NeuCodec's and X-Codec 2's quantizer reads its semantic and acoustic states side by side (2 x 32)
+    "neucodec.quantization_dim": 64, "xcodec2.quantization_dim": 64,
+    # their rotary tables run over the heads axis (position ids of shape (1, heads)): every head its
+    # own keys, as their defaults have (16 and 16)
+    "neucodec.num_key_value_heads": 4, "xcodec2.num_key_value_heads": 4, "janus_vqgan.base_channels": 32,
     "janus_vqgan.channel_multiplier": [1, 1, 1, 1, 1],
     "vibevoice_acoustic_tokenizer.num_filters": 1, "vibevoice_acoustic_tokenizer_encoder.num_filters": 1,
     "sam_vision_model.output_channels": 32, "mobilevitv2.width_multiplier": 0.5,
