@@ -400,6 +400,14 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
             both = _with_images(model, config, text, images)
             if both is not None:
                 yield ("text + image", both)
+    if "action_embeds" in params and "input_ids" in text:  # PI0: a prompt with a camera's image (its
+        vlm = _sub(config, "vlm_config")  # vision-language model's), then a robot's state and noisy actions
+        pixels = _pixels(vlm, g)
+        both = _with_images(getattr(model, "vlm", model), vlm, text, {"pixel_values": pixels})
+        if both is not None:
+            width = _int(_sub(config, "dit_config"), "hidden_size", default=32)  # its action expert's width
+            both["pixel_values"], both["pixel_attention_mask"] = pixels[:, None], torch.ones(B, 1, dtype=torch.bool)
+            yield ("text + image + actions", {**both, "action_embeds": torch.randn(B, 4, width, generator=g)})
     if "image_attention_mask" in params and "pixel_values" in params and "input_ids" in text:
         # IDEFICS: one image per sequence, (B, images, C, H, W), that every real token may attend
         am = text.get("attention_mask", torch.ones_like(text["input_ids"]))
