@@ -121,11 +121,14 @@ def _audio_features(config: Any, g: Any, with_frames: bool = False) -> Iterator[
         yield (f, n) if with_frames else f
 
 
-def _grid_pixels(config: Any, g: Any, temporal: int | None = None, square: bool = False) -> dict[str, Any]:
+def _grid_pixels(
+    config: Any, g: Any, temporal: int | None = None, square: bool = False, blocks: bool = False
+) -> dict[str, Any]:
     """Qwen2-VL-style images: flattened patches ``(B * t * h * w, C * tp * p * p)`` and their grid
     ``image_grid_thw (B, 3)``, one image of ``1 x 4 x 4`` patches (times the merge size) per sequence;
     ``temporal`` patches of frames (default: the config's, else 2), ``square``: each patch
-    ``(C, p, p)`` (Kimi K2.5's)."""
+    ``(C, p, p)`` (Kimi K2.5's), ``blocks``: each merged token's pixels ``(m * p, m * p, C)``
+    and the grid in merged tokens (Inkling 2's)."""
     import torch
 
     vision = _sub(config, "vision_config")
@@ -137,6 +140,9 @@ def _grid_pixels(config: Any, g: Any, temporal: int | None = None, square: bool 
     grid = torch.tensor([[1, side, side]] * B)
     shape = (channels, patch, patch) if square else (channels * temporal * patch * patch,)
     pixels = torch.randn(B * side * side, *shape, generator=g)
+    if blocks:  # the grid counted in merged tokens
+        pixels = torch.randn(B * side * side // merge**2, merge * patch, merge * patch, channels, generator=g)
+        grid = torch.tensor([[1, side // merge, side // merge]] * B)
     return {"pixel_values": pixels, "image_grid_thw": grid}
 
 
@@ -148,6 +154,7 @@ def _image_sets(config: Any, params: set[str], g: Any) -> Iterator[dict[str, Any
 
     if "image_grid_thw" in params:
         yield _grid_pixels(config, g)
+        yield _grid_pixels(config, g, temporal=1)  # an image is one frame (ERNIE 4.5 VL merges frames later)
         return
     pixels = _pixels(config, g)
     yield {"pixel_values": pixels}
@@ -447,7 +454,8 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
     grid_name = next((n for n in ("grid_thw", "image_grid_thw") if n in params), None)
     if grid_name is not None and "input_ids" not in params:  # a vision tower of flattened patches (Qwen2-VL's)
         pixels = next((n for n in ("hidden_states", "pixel_values") if n in params), "pixel_values")
-        for layout in ({}, {"temporal": 1}, {"temporal": 1, "square": True}):  # frames per patch: config's, 1
+        layouts = ({}, {"temporal": 1}, {"temporal": 1, "square": True}, {"blocks": True})  # frames per patch
+        for layout in layouts:
             grid = _grid_pixels(config, g, **layout)
             side = {pixels: grid["pixel_values"], grid_name: grid["image_grid_thw"]}
             if "merge_sizes" in params:

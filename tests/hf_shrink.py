@@ -158,6 +158,9 @@ SIZES = {
     # LW-DETR's default has no feature level (`projector_scale_factors=()`: its encoder joins none and
     # fails at full size too), where a checkpoint names its levels: one at the backbone's own scale
     "lw_detr.projector_scale_factors": [1.0],
+    # ERNIE 4.5 VL's rotary sections: height and width stacked pairwise, so as many of each (the full
+    # head's [22, 22, 20] at a head of 16: [3, 3, 2]; at 8 they part, [2, 1, 1])
+    "ernie4_5_vl_moe_text.num_attention_heads": 2,
     # UnivNet's kernel predictor's residual blocks are as wide as its noise (`model_in_channels`), not
     # as its own hidden width (64 each by default): the two kept equal
     "univnet.model_in_channels": 8,
@@ -440,18 +443,22 @@ def _overrides(config: Any, depth: int, full_depth: int | None) -> dict[str, Any
     return kw
 
 
-def _reads_sections(config: Any) -> set[str]:
-    """The RoPE section keys ``config``'s model reads with a default for the full head (Qwen2-VL's
-    ``mrope_section`` as ``[16, 24, 24]``): named by the config class or found in its modeling code."""
+def _reads_sections(config: Any) -> dict[str, list[int]]:
+    """The RoPE section keys ``config``'s model reads with a default for the full head, with that
+    default (Qwen2-VL's ``mrope_section`` as ``[16, 24, 24]``, ERNIE 4.5 VL's ``[22, 22, 20]``; Qwen2-VL's
+    proportions where its code gives none): named by the config class or found in its modeling code."""
     import importlib
 
-    keys = {k for k in getattr(type(config), "ignore_keys_at_rope_validation", None) or () if "section" in k}
+    keys = {k: [2, 3, 3] for k in getattr(type(config), "ignore_keys_at_rope_validation", None) or () if "section" in k}
     try:
         modeling = type(config).__module__.replace(".configuration_", ".modeling_")
         source = inspect.getsource(importlib.import_module(modeling))
     except Exception:  # noqa: BLE001 - no modeling module of that name: the class's own list stands
         return keys
-    return keys | set(re.findall(r"""\.get\(["'](\w*section)["']""", source))
+    for key, default in re.findall(r"""\.get\(["'](\w*section)["'](?:,\s*\[([\d,\s]+)\])?""", source):
+        sizes = [int(v) for v in default.split(",") if v.strip()]
+        keys[key] = sizes or keys.get(key, [2, 3, 3])
+    return keys
 
 
 def _rope(rope: dict[str, Any], kw: dict[str, Any], config: Any) -> dict[str, Any] | None:
@@ -463,13 +470,14 @@ def _rope(rope: dict[str, Any], kw: dict[str, Any], config: Any) -> dict[str, An
         return {k: parts[k] or v for k, v in rope.items()} if any(parts.values()) else None
     if "rope_type" not in rope:
         return None
-    head = kw.get("head_dim") or SIZES["head_dim"]
+    width, heads = kw.get("hidden_size"), kw.get("num_attention_heads")
+    head = kw.get("head_dim") or (width // heads if width and heads else SIZES["head_dim"])
     factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
     half = max(int(head * factor) // 2, 1)
     changed = False
-    for key in _reads_sections(config):
+    for key, default in _reads_sections(config).items():
         if key not in rope:  # the model's code has a default for the full head: [16, 24, 24]
-            rope[key] = [2, 3, 3]
+            rope[key], changed = list(default), True
     for key, value in rope.items():
         if "section" in key and isinstance(value, list) and value and all(isinstance(v, int) for v in value):
             total = sum(value)
