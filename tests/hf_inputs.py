@@ -497,6 +497,16 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
             ("pixels 256", {"pixel_values": _pixels(config, g, 256)}),  # Depth Pro's 4 x 4 patches of 64
             ("video of 2 frames", {"pixel_values": _pixels(config, g)[:, None].expand(-1, 2, -1, -1, -1).clone()}),
         ]
+    if "shared_kv_states" in params:  # a draft model (Gemma 4's assistant): its main model's last keys and
+        kv = {}  # values per layer type, shaped as its own attention layers read them, and the main model's states
+        for m in model.modules():
+            kind, head, groups = (getattr(m, n, None) for n in ("layer_type", "head_dim", "num_key_value_groups"))
+            if isinstance(kind, str) and isinstance(head, int) and isinstance(groups, int) and kind not in kv:
+                heads = m.config.num_attention_heads // groups
+                kv[kind] = tuple(torch.randn(B, heads, SEQ, head, generator=g) for _ in "kv")
+        width = 2 * _int(config, "backbone_hidden_size", default=32)
+        draft = {"inputs_embeds": torch.randn(B, 2, width, generator=g), "shared_kv_states": kv}
+        sides.append(("draft states", {**draft, "attention_mask": _padding(SEQ, padded)}))
     if "inference_session" in params:  # a video model run frame by frame (SAM 2 video)
         session = _video_session(model, config, g)
         sides += [("video session", session)] if session is not None else []

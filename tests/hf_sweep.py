@@ -204,9 +204,14 @@ READERS = {
     "FastSpeech2ConformerConvolutionModule": "masks its convolution's padded rows, reading a boolean mask as one",
     "T5Gemma2Decoder": "joins its self- and cross-attention masks (merged attention): two boolean masks, one boolean",
     "LightGlueTransformerLayer": "swaps the image pair's masks for cross-attention (reshape and flip: no arithmetic)",
+    "Gemma4UnifiedAssistantForCausalLM": "flips its sliding-window mask along the keys, to read its main model's "
+    "cache from the end (flip: no arithmetic)",
+    "Gemma4UnifiedTextModel": "slices its masks to the query rows it keeps before its kv-shared layers (a view: "
+    "no arithmetic)",
 }
 """Modules, not attention layers, that read qkv's mask tensor and read it right: each branches on
-``mask.dtype == torch.bool`` (read in the modeling source). Any other reader is a difference until
+``mask.dtype == torch.bool`` or only moves its entries (reshape, flip, slice), read in the modeling
+source, and the comparison with eager still decides. Any other reader is a difference until
 it is listed here (with the reason) or its model gets eager's mask (``_hf_models.EAGER_MASKS``)."""
 
 READS: list[str] = []
@@ -350,6 +355,10 @@ def _grads(m: Any, kw: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _double(value: Any) -> Any:
+    if isinstance(value, dict):  # another model's keys and values by layer type (a draft model's input)
+        return {k: _double(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_double(v) for v in value)
     return value.double() if hasattr(value, "is_floating_point") and value.is_floating_point() else value
 
 
