@@ -507,6 +507,17 @@ def candidates(model: Any, config: Any, padded: str, g: Any) -> Iterator[tuple[s
         width = 2 * _int(config, "backbone_hidden_size", default=32)
         draft = {"inputs_embeds": torch.randn(B, 2, width, generator=g), "shared_kv_states": kv}
         sides.append(("draft states", {**draft, "attention_mask": _padding(SEQ, padded)}))
+    if {"noise_embeds", "context_hidden_states"} <= params:  # a block-diffusion draft model (MUSE Glimmer's
+        width = _int(config, "hidden_size", default=32)  # assistant): its main model's states at the layers it
+        layers = len(getattr(config, "target_layer_ids", None) or [0])  # reads, side by side, then the block
+        block = _int(config, "block_size", default=4)  # it denoises; the mask spans both
+        am = _padding(SEQ, padded)
+        draft = {
+            "noise_embeds": torch.randn(B, block, width, generator=g),
+            "context_hidden_states": torch.randn(B, SEQ, layers * width, generator=g),
+            "attention_mask": torch.cat([am, am.new_ones(B, block)], 1),
+        }
+        sides.append(("draft states", draft))
     if "inference_session" in params:  # a video model run frame by frame (SAM 2 video)
         session = _video_session(model, config, g)
         sides += [("video session", session)] if session is not None else []
