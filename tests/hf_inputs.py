@@ -324,8 +324,8 @@ def fresh(kw: dict[str, Any], model: Any) -> dict[str, Any]:
 
 def _video_session(model: Any, config: Any, g: Any) -> dict[str, Any] | None:
     """A SAM 2-style video session (``inference_session``) for its first frame: two frames of the
-    vision tower's image size, one object prompted by a point on the first, as its processor adds
-    it; None when the model's module has no session class. (Not the second frame, whose memory
+    vision tower's image size, one object prompted by a point on the first (SAM 3's by a text
+    prompt), as its processor adds it; None when the model's module has no session class. (Not the second frame, whose memory
     attention reads the first: the tiny configs' memory widths do not join, 3-D memories beside
     4-D object pointers.)"""
     import sys
@@ -334,14 +334,20 @@ def _video_session(model: Any, config: Any, g: Any) -> dict[str, Any] | None:
 
     module = sys.modules[type(model).__module__]
     session = next((getattr(module, n) for n in dir(module) if n.endswith("InferenceSession")), None)
-    if session is None or not hasattr(session, "add_point_inputs"):
+    if session is None or not (hasattr(session, "add_point_inputs") or hasattr(session, "add_prompt")):
         return None
     vision = _sub(config, "vision_config")
     side = _int(_sub(vision, "backbone_config"), "image_size", default=0) or _int(vision, "image_size", default=64)
     video = torch.randn(2, 3, side, side, generator=g)
+    prompt = torch.randint(3, 64, (1, 8), generator=g)
 
     def make(model: Any) -> Any:
         made = session(video=video, video_height=side, video_width=side, dtype=torch.float32)
+        if not hasattr(made, "add_point_inputs"):  # SAM 3 video: objects found by a text prompt, tokenized
+            found = made.add_prompt("an object")  # and padded as its processor pads it (here to 8)
+            made.prompt_input_ids[found] = prompt
+            made.prompt_attention_masks[found] = torch.tensor([[1] * 6 + [0] * 2])
+            return made
         obj = made.obj_id_to_idx(1)
         point = {
             "point_coords": torch.tensor([[[[side / 2, side / 3]]]]),

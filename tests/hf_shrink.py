@@ -173,6 +173,8 @@ SIZES = {
     # EdgeTAM video's 2-D latents: one per window of the shrunk image's 4 x 4 feature map
     "edgetam_video.perceiver_resampler_num_latents_2d": 16, "edgetam_video.perceiver_resampler_num_latents": 16,
     "sam3_vision_model.image_size": 56, "sam3_vit_model.image_size": 56, "kosmos-2.latent_query_num": 4,
+    # SAM 3's video tracker's memory attention's rotary grid: its image's (56 = 4 x 14, hf_shrink.KWARGS)
+    "sam3_tracker_video.memory_attention_rope_feat_sizes": [4, 4],
     # sizes a default config leaves for the checkpoint (ESM's padding id, Step 3.5's window) or ties
     # to another (Zamba's attention twice its width)
     "esm.pad_token_id": 1, "step3p5.sliding_window": 4, "zamba.attention_hidden_size": 64,
@@ -190,13 +192,16 @@ KWARGS = {
         "swa_head_dim": 16, "swa_qk_nope_head_dim": 8, "swa_v_head_dim": 8,
     },
     "uvdoc_backbone": {"out_indices": [1, 2, 3, 4, 5, 6]},
+    "sam3_tracker_video": {"image_size": 56},
 }  # fmt: skip
 """Sizes and choices a config's constructor takes as keyword arguments only (no field of that name),
 by model type: Dots 3 Note's sliding-window layers, whose per-layer table (``per_layer_config``) the
 constructor fills from ``swa_*`` arguments (every head with its keys, as its validation asks; the
 head its nope and rope parts, 8 each, as the indexed layers' latent attention); UVDoc's backbone
 giving the feature map of every stage, as a checkpoint's does (its default gives the last only,
-where its head joins all six: the default config fails at full size)."""
+where its head joins all six: the default config fails at full size); SAM 3's video tracker at its
+detector's image size (its constructor takes it and sets its towers' sizes: SAM 3 video reads the
+detector's features in the tracker's grid)."""
 
 WIDTH_LISTS = frozenset(
     {
