@@ -325,9 +325,9 @@ def fresh(kw: dict[str, Any], model: Any) -> dict[str, Any]:
 def _video_session(model: Any, config: Any, g: Any) -> dict[str, Any] | None:
     """A SAM 2-style video session (``inference_session``) for its first frame: two frames of the
     vision tower's image size, one object prompted by a point on the first (SAM 3's by a text
-    prompt), as its processor adds it; None when the model's module has no session class. (Not the second frame, whose memory
-    attention reads the first: the tiny configs' memory widths do not join, 3-D memories beside
-    4-D object pointers.)"""
+    prompt), as its processor adds it; None when the model's module has no session class. (Not the
+    second frame, whose memory attention reads the first: the tiny configs' memory widths do not
+    join, 3-D memories beside 4-D object pointers.)"""
     import sys
 
     import torch
