@@ -11,6 +11,8 @@ commit's kernel against the installed one, build the commit into a separate dire
 
 ``--b`` defaults to the installed module; ``--cases bwd,decode`` runs the cases whose names hold
 one of those strings. Ratio > 1: B is slower. Float32, B=1, H=8, D=64 unless the case names another.
+When the commits differ in the kernel's arguments too, ``--a-src /tmp/old/src`` runs A's worker on
+that commit's own Python package (``git archive <commit> src/qkv`` as above).
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ CASES = {  # name -> (Nq, Nk, causal, backward, softcap, Hkv[, D = 64[, scale]])
 
 def worker() -> None:
     """Reads case names on stdin, answers each with the best of 3 timings (seconds) on stdout."""
+    src = os.environ.get("QKV_AB_SRC")
+    if src:  # A's own package first; an editable install's import finder would otherwise come first
+        sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith("_editable")]
+        sys.path.insert(0, src)
     import torch
 
     import qkv
@@ -71,10 +77,12 @@ def worker() -> None:
         print(json.dumps(best), flush=True)
 
 
-def start(lib: str | None) -> subprocess.Popen:
+def start(lib: str | None, src: str | None = None) -> subprocess.Popen:
     env = dict(os.environ)
     if lib:
         env["QKV_NATIVE_LIB"] = lib
+    if src:
+        env["QKV_AB_SRC"] = src
     return subprocess.Popen(
         [sys.executable, __file__, "--worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
     )
@@ -91,6 +99,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--a", help="the baseline _ext*.so (required)")
     ap.add_argument("--b", default=None, help="the candidate _ext*.so (default: the installed module)")
+    ap.add_argument("--a-src", default=None, help="the directory holding A's qkv package (default: the installed)")
     ap.add_argument("--pairs", type=int, default=9)
     ap.add_argument("--cases", default="", help="comma-separated substrings of the case names to run (default: all)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -106,7 +115,7 @@ def main() -> None:
 
     print(fresh_line(), flush=True)  # qkv.info()'s line: CPU, ISA path, engines, threads, versions
 
-    a, b = start(args.a), start(args.b)
+    a, b = start(args.a, args.a_src), start(args.b)
     print(f"A = {args.a}\nB = {args.b or 'installed'}\nOMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
     wanted = [c for c in args.cases.split(",") if c]
     for name in (n for n in CASES if not wanted or any(w in n for w in wanted)):

@@ -214,3 +214,107 @@ def _outside_case(case, isa, backward=True):
 @pytest.mark.parametrize("case", list(_outside_cases()), ids=lambda c: "-".join(str(x)[:6] for x in c))
 def test_long_feature_reductions_keep_the_forward_within_flash_attns_rule_on_every_isa_path(isa, case):
     _flash_attn_rule(*_outside_case(case, isa, backward=False), names=("out",))
+
+
+@needs_native
+@pytest.mark.parametrize("isa", _native.isas() if _native.available() else [])
+@pytest.mark.parametrize(
+    "case", list(_outside_cases(24, 5, rows=(1, 5, 16, 17, 129))), ids=lambda c: "-".join(str(x)[:6] for x in c)
+)
+def test_gradients_of_decode_and_prefill_rows_stay_within_the_rule_on_every_isa_path(isa, case):
+    # rows the forward ran on the decode path (Nq <= 16) sum their dot products in another order
+    # than the backward rebuilds them: with the forward's lse, P was off by a few ulps of |s| (dV up
+    # to 12x torch's float32 error at Dk = 256); the backward takes their (m, l) from the tile loop.
+    # Gradients are held to the module's 3x: D = rowsum(dO o O) reads the stored O, whose own
+    # rounding torch's sum(P o dP) does not see (up to 2.4x on these cases, FlashAttention-2's D).
+    _flash_attn_rule(*_outside_case(case, isa), factors=(2, 3, 3, 3))
+
+
+@needs_native
+@pytest.mark.parametrize("isa", _native.isas() if _native.available() else [])
+@pytest.mark.parametrize("nq", [1, 64], ids=["decode-row", "tile-rows"])
+@pytest.mark.parametrize("nk", [128, 257, 4096])
+def test_a_row_with_one_dominant_key_keeps_the_weight_of_its_many_small_keys(isa, nq, nk):
+    # every weight but one ~5e-8, each below half an ulp of the dominant key's 1: a running row sum
+    # lost them all (l, and so lse and every output, low by their total, 6e-6 to 2e-4 here)
+    g = torch.Generator().manual_seed(nk)
+    q = torch.ones(1, 1, nq, 1)
+    k = torch.cat([torch.zeros(1, 1, 1, 1), -16.8 + 0.5 * torch.randn(1, 1, nk - 1, 1, generator=g)], 2)
+    v = 1 + torch.rand(1, 1, nk, 8, generator=g)
+    with _native.use_isa(isa):
+        out, lse = qkv.attention(q, k, v, impl="flash", return_lse=True)
+    ref, peer = ((q.to(dt) @ k.to(dt).mT) for dt in (torch.float64, torch.float32))
+    expect = [torch.softmax(ref, -1) @ v.double(), torch.logsumexp(ref, -1)]
+    torch32 = [torch.softmax(peer, -1) @ v, torch.logsumexp(peer, -1)]
+    _flash_attn_rule([out, lse], torch32, expect, names=("out", "lse"))
+
+
+FA_MASK = masks.sliding_window((0, 2), causal=False)
+
+
+def _flash_attns_case(seed):
+    """flash-attn's test_flash_attn_output at seqlen_q = 799, seqlen_k = 3 with GQA, a local window
+    (0, 2) and softcap 50 (q scaled by softcap / 4, as flash-attn does), in float32: q, k, v, dO,
+    and torch's float64 and float32 results (out, dq, dk, dv)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 6, 799, 59, generator=g) * 12.5
+    k, v = (torch.randn(1, 3, 3, 59, generator=g) for _ in range(2))
+    do = torch.randn(1, 6, 799, 59, generator=g)
+    allowed = torch.as_tensor(np.broadcast_to(FA_MASK.dense(799, 3), (1, 6, 799, 3)).copy())
+    ref, peer32 = (_peer_masked(q, k, v, do, dt, allowed, 50.0, 59**-0.5) for dt in (torch.float64, torch.float32))
+    return (q, k, v, do), ref, peer32
+
+
+@needs_native
+@pytest.mark.parametrize("isa", _native.isas() if _native.available() else [])
+@pytest.mark.parametrize("seed", range(3))
+def test_flash_attns_own_softcap_window_case_on_every_isa_path(isa, seed):
+    # rows of 1-3 keys, nearly one-hot: P rebuilt from the float32 lse alone was off by its
+    # rounding (dK up to 3.2x, dV 4.4x torch's float32 error), and dP - D from D = rowsum(dO o O)
+    # kept dP's rounding, which torch's sum(P o dP) cancels (dQ 4x)
+    (q, k, v, do), ref, peer32 = _flash_attns_case(seed)
+    with _native.use_isa(isa):
+        ours = _ours(q, k, v, do, "native", mask=FA_MASK, score_mod=scores.softcap(50.0))
+    _flash_attn_rule(ours, peer32, ref)
+
+
+def _through_the_operator(q, k, v, do):
+    """out, dq, dk, dv through torch.ops.qkv.attention and its registered autograd."""
+    from qkv._impls import _torch_op
+
+    code, data = masks.encode(FA_MASK.recipe)
+    mods_code, tables = _torch_op.encode_mods(scores.softcap(50.0).native)
+    t = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+    seed = torch.zeros((), dtype=torch.int64)
+    out, _, _ = torch.ops.qkv.attention(*t, None, code, data, [1, 6], mods_code, tables, 59**-0.5, 0.0, seed)
+    (out * do).sum().backward()
+    return [out.detach(), *(x.grad for x in t)]
+
+
+def _through_xla(q, k, v, do):
+    """out, dq, dk, dv of jax.jit(jax.value_and_grad) on traced arrays: XLA's FFI handlers."""
+    jax = pytest.importorskip("jax")
+    from qkv._impls import _jax_ffi
+
+    if _jax_ffi.handler_reason() is not None:
+        pytest.skip(_jax_ffi.handler_reason())
+    jdo = jax.numpy.asarray(do.numpy())
+
+    def run(q, k, v):
+        out = qkv.attention(q, k, v, mask=FA_MASK, score_mod=scores.softcap(50.0), impl="flash")
+        return (out * jdo).sum(), out
+
+    (_, out), grads = jax.jit(jax.value_and_grad(run, argnums=(0, 1, 2), has_aux=True))(
+        *(jax.numpy.asarray(x.numpy()) for x in (q, k, v))
+    )
+    return [torch.from_numpy(np.asarray(x).copy()) for x in (out, *grads)]
+
+
+@needs_native
+@pytest.mark.parametrize("entrance", [_through_the_operator, _through_xla], ids=["torch-operator", "jax-ffi"])
+@pytest.mark.parametrize("seed", range(3))
+def test_every_entrance_that_saves_the_forward_keeps_flash_attns_rule(entrance, seed):
+    # the forward's residual of lse's rounding (lse_lo) is saved by each of them, as by the eager
+    # autograd node: without it, P rebuilt from the float32 lse
+    (q, k, v, do), ref, peer32 = _flash_attns_case(seed)
+    _flash_attn_rule(entrance(q, k, v, do), peer32, ref)

@@ -184,10 +184,12 @@ def test_opcheck_passes_on_the_backward_operator():
     ]
     for bias, code, data, mcode, mtables, dropout, dlse in cases:
         fwd = (q, k, v, bias, code, data, [1, 4], mcode, mtables, 0.3, dropout, seed)
-        out, lse = torch.ops.qkv.attention.default(*fwd)
+        out, lse, lse_lo = torch.ops.qkv.attention.default(*fwd)
         dout = torch.randn(out.shape, generator=g)
         args = (dout, dlse, q, k, v, out, lse, bias, code, data, [1, 4], mcode, mtables, 0.3, dropout, seed)
-        torch.library.opcheck(torch.ops.qkv.attention_backward.default, args)
+        # with the forward's residual of lse's rounding, with None, and without it (lse_lo defaults)
+        for lo in ((lse_lo,), (None,), ()):
+            torch.library.opcheck(torch.ops.qkv.attention_backward.default, (*args, *lo))
         torch.library.opcheck(torch.ops.qkv.attention.default, fwd)
 
 

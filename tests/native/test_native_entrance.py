@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qkv import _native as native
-from qkv._native import KvFormat
+from qkv._native import KernelMod, KvFormat, ModKind
 from qkv.errors import ArgumentError, DTypeError, ShapeError
 
 B, H, HKV, NQ, NK, D = 2, 4, 2, 5, 33, 8
@@ -275,3 +275,32 @@ def test_the_bindings_keywords_are_one_table_for_both_directions():
     defaults |= dict(dropout_p=0.0, seed=0, threads=1, kv_format=0, k_scale=None, v_scale=None)
     assert ext.forward(q, q, q, out, lse, scale=1.0, **defaults) == (0, 0)
     assert ext.backward(q, q, q, out, lse, out, *g, scale=1.0, dlse=None, **defaults) == (0, 0)
+
+
+def test_lse_lo_is_checked_as_lse_is_and_holds_lses_rounding():
+    # the forward's residual of lse's rounding (params.hpp): written where given, read by the backward
+    # small integers and a score mod (scores in natural units): every score exact, |lse| 15-41
+    g = np.random.default_rng(0)
+    q, k, v = (g.integers(-3, 4, (1, 2, n, 8)).astype(np.float32) for n in (20, 30, 30))
+    out, lse, lo = np.zeros_like(q), np.zeros((1, 2, 20), np.float32), np.full((1, 2, 20), np.nan, np.float32)
+    native.forward(q, k, v, out, lse, scale=1.0, lse_lo=lo, mods=(KernelMod(ModKind.MUL, 1.0),))
+    s = np.einsum("bhid,bhjd->bhij", q.astype(np.float64), k.astype(np.float64))
+    m = s.max(-1)
+    exact = m + np.log(np.exp(s - m[..., None]).sum(-1))
+    ulp = np.spacing(np.abs(lse)).astype(np.float64)
+    assert np.all(np.abs(lo) <= ulp / 2)  # below half an ulp of lse
+    both, alone = np.abs(lse + lo.astype(np.float64) - exact), np.abs(lse - exact)
+    assert np.all(both < ulp / 4) and both.mean() < alone.mean() / 4, (both.max(), alone.max())
+    ro = np.zeros_like(lse)
+    ro.flags.writeable = False
+    with pytest.raises(TypeError, match="lse_lo must be a writable CPU array"):
+        native.forward(q, k, v, out, lse, scale=1.0, lse_lo=ro)
+    with pytest.raises(ShapeError, match=r"lse_lo"):
+        native.forward(q, k, v, out, lse, scale=1.0, lse_lo=np.zeros((1, 2, 21), np.float32))
+    with pytest.raises(DTypeError, match="lse_lo must be float32, got float64"):
+        native.forward(q, k, v, out, lse, scale=1.0, lse_lo=np.zeros((1, 2, 20), np.float64))
+    grads = [np.zeros(x.shape, np.float32) for x in (q, k, v)]
+    with pytest.raises(ShapeError, match=r"lse_lo"):
+        native.backward(q, k, v, out, lse, out, *grads, scale=1.0, lse_lo=np.zeros((1, 2), np.float32))
+    with pytest.raises(DTypeError, match="lse_lo must be float32, got float64"):
+        native.backward(q, k, v, out, lse, out, *grads, scale=1.0, lse_lo=lo.astype(np.float64))

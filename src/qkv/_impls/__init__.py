@@ -55,7 +55,7 @@ def _sdpa_backward(dout: Any, c: Call, p: Plan, out: Any, lse: Any) -> Any:
     return torch_sdpa.backward(dout, c, out, lse)
 
 
-_flash_autograd = with_autograd(flash.forward, flash.backward)
+_flash_autograd = with_autograd(flash.forward, flash.backward, flash.forward_saved)
 
 
 def _flash_forward(c: Call, p: Plan) -> Result:

@@ -127,9 +127,9 @@ def compiled_attention(
         if kv.format != "int8":
             k4, v4 = k4.view(torch.uint8), v4.view(torch.uint8)
         ks, vs = (flat(x.scales[..., None], dims, dims.hkv, torch.Tensor.expand)[..., 0] for x in (kv.k, kv.v))
-        out, lse = torch.ops.qkv.attention_quantized(q4, k4, v4, ks, vs, int(KV_FORMATS[kv.format]), *call)
+        out, lse, _ = torch.ops.qkv.attention_quantized(q4, k4, v4, ks, vs, int(KV_FORMATS[kv.format]), *call)
     else:
-        out, lse = torch.ops.qkv.attention(q4, k4, v4, *call)
+        out, lse, _ = torch.ops.qkv.attention(q4, k4, v4, *call)
     out = out.reshape(*dims.score_shape[:-1], dims.dv)
     lse = lse.reshape(dims.score_shape[:-1])
     res = Result(out, None, lse)

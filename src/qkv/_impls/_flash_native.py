@@ -142,24 +142,47 @@ def _check(c: Call, overflowed: int) -> None:
 
 def forward(c: Call, p: Plan) -> Result:
     """``Result(out, None, lse)`` from the compiled kernel (through XLA's FFI for traced JAX arrays)."""
+    return _forward(c, p, False)[0]
+
+
+def forward_saved(c: Call, p: Plan) -> tuple[Result, Array | None]:
+    """``forward`` whose result the backward will read: ``(result, lse_lo)``, lse's rounding
+    residual ``(B, H, Nq)`` (the kernel's ``lse_lo``) kept beside it (None for traced JAX arrays,
+    whose custom VJP keeps its own)."""
+    return _forward(c, p, True)
+
+
+def _forward(c: Call, p: Plan, residual: bool) -> tuple[Result, Array | None]:
     if is_jax(c.q) and any(is_traced(x) for x in (c.q, c.k, c.v)):
         from . import _jax_ffi
 
-        return _jax_ffi.forward(c, p)
+        return _jax_ffi.forward(c, p), None
     d = c.dims
     h = _host(kind(c.q))
     q, k, v, a = _args(h, c, p)
     b, nh = q.shape[0], q.shape[1]
     out = h.empty((b, nh, d.nq, d.dv), q.dtype)
-    lse = h.empty((b, nh, d.nq), h.f64 if dtype_name(q) == "float64" else h.f32)
-    _check(c, native.forward(q, k, v, out, lse, **a.keywords())[1])
+    acc = h.f64 if dtype_name(q) == "float64" else h.f32
+    lse = h.empty((b, nh, d.nq), acc)
+    lse_lo = h.empty((b, nh, d.nq), acc) if residual else None
+    _check(c, native.forward(q, k, v, out, lse, lse_lo=lse_lo, **a.keywords())[1])
     lead = d.score_shape[:-2]
-    return Result(h.leave(out.reshape(*lead, d.nq, d.dv)), None, h.leave(lse.reshape(*lead, d.nq)))
+    res = Result(h.leave(out.reshape(*lead, d.nq, d.dv)), None, h.leave(lse.reshape(*lead, d.nq)))
+    return res, None if lse_lo is None else h.leave(lse_lo)
 
 
-def backward(dout: Array, c: Call, p: Plan, out: Array, lse: Array, dlse: Array | None = None) -> tuple[Array, ...]:
+def backward(
+    dout: Array,
+    c: Call,
+    p: Plan,
+    out: Array,
+    lse: Array,
+    dlse: Array | None = None,
+    lse_lo: Array | None = None,
+) -> tuple[Array, ...]:
     """``(dq, dk, dv)`` from the compiled kernel (FlashAttention-2 Algorithm 2), reduced to the
-    shapes of ``q``, ``k``, ``v`` (grouped heads summed by the kernel, broadcast axes here)."""
+    shapes of ``q``, ``k``, ``v`` (grouped heads summed by the kernel, broadcast axes here).
+    ``lse_lo`` (``forward_saved``'s, ``(B, H, Nq)``): P is rebuilt from lse + lse_lo."""
     d = c.dims
     h = _host(kind(c.q))
     if is_jax(c.q) and any(is_traced(x) for x in (c.q, c.k, c.v, dout, out, lse, dlse) if x is not None):
@@ -167,7 +190,7 @@ def backward(dout: Array, c: Call, p: Plan, out: Array, lse: Array, dlse: Array 
 
         dq, dk, dv = _jax_ffi.backward(dout, c, p, out, lse, dlse)
     else:
-        dq, dk, dv = _backward(h, dout, c, p, out, lse, dlse)
+        dq, dk, dv = _backward(h, dout, c, p, out, lse, dlse, lse_lo)
     xp = namespace(q=dq)
     lead = d.score_shape[:-2]
     kv_lead = (*d.batch, d.hkv) if d.has_heads else ()
@@ -182,7 +205,9 @@ def backward(dout: Array, c: Call, p: Plan, out: Array, lse: Array, dlse: Array 
     return tuple(grads)
 
 
-def _backward(h: _Host, dout: Array, c: Call, p: Plan, out: Array, lse: Array, dlse: Array | None) -> tuple[Any, ...]:
+def _backward(
+    h: _Host, dout: Array, c: Call, p: Plan, out: Array, lse: Array, dlse: Array | None, lse_lo: Array | None
+) -> tuple[Any, ...]:
     """The kernel's ``(dq, dk, dv)`` as ``(B, H, Nq, Dk)``, ``(B, Hkv, Nk, Dk)``, ``(B, Hkv, Nk, Dv)``."""
     d = c.dims
     q, k, v, a = _args(h, c, p)
@@ -199,7 +224,8 @@ def _backward(h: _Host, dout: Array, c: Call, p: Plan, out: Array, lse: Array, d
     dq = h.empty((b, nh, d.nq, d.dk), acc)
     dk = h.empty((b, hkv, d.nk, d.dk), acc)
     dv = h.empty((b, hkv, d.nk, d.dv), acc)
-    overflowed = native.backward(q, k, v, o, lse3, do, dq, dk, dv, dlse=dl, **a.keywords())[1]
+    lo = None if lse_lo is None else h.ready(h.enter(lse_lo))
+    overflowed = native.backward(q, k, v, o, lse3, do, dq, dk, dv, dlse=dl, lse_lo=lo, **a.keywords())[1]
     if overflowed:  # finite inputs, non-finite gradients: what overflowed, with its numbers
         raise gradient_overflow_error(c.q, c.k, c.v, dout, c.scale, overflowed, dlse=dlse, score_mod=c.score_mod)
     return dq, dk, dv

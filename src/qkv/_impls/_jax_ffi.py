@@ -10,7 +10,9 @@ scale, dropout and mods its attributes. ``jax.vmap`` hands the handlers every op
 mapped axes in front (``vmap_method="broadcast_all"``); they fold them into the kernel's batch.
 
     q (B, H, Nq, Dk), k (B, Hkv, Nk, Dk), v (B, Hkv, Nk, Dv)
-    -> out (B, H, Nq, Dv) in q's dtype, lse (B, H, Nq) float32 (float64 for float64)
+    -> out (B, H, Nq, Dv) in q's dtype, lse (B, H, Nq) float32 (float64 for float64), and lse_lo
+       (B, H, Nq), lse's rounding residual, a residual of the custom VJP (the backward rebuilds P
+       from lse + lse_lo; qkv.attention_backward's lse comes without one: zeros)
 
 Inside a compiled program nothing can raise once it runs: a row that attends a non-finite
 input, or whose finite inputs overflow, comes back NaN (the eager call raises the overflow's
@@ -140,7 +142,8 @@ def _operands(c: Call, p: Any, b: int) -> tuple[list[Any], dict[str, Any]]:
     return ops, attrs
 
 
-def _forward_call(q: Any, k: Any, v: Any, consts: list[Any], attrs: dict[str, Any]) -> tuple[Any, Any]:
+def _forward_call(q: Any, k: Any, v: Any, consts: list[Any], attrs: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """``(out, lse, lse_lo)``."""
     import jax
     import jax.numpy as jnp
 
@@ -148,13 +151,23 @@ def _forward_call(q: Any, k: Any, v: Any, consts: list[Any], attrs: dict[str, An
     shapes = (
         jax.ShapeDtypeStruct((*q.shape[:-1], v.shape[-1]), q.dtype),
         jax.ShapeDtypeStruct(q.shape[:-1], acc),
+        jax.ShapeDtypeStruct(q.shape[:-1], acc),
     )
     out = jax.ffi.ffi_call(FORWARD, shapes, vmap_method="broadcast_all")(q, k, v, *consts, **attrs)
-    return cast(tuple[Any, Any], out)
+    return cast(tuple[Any, Any, Any], out)
 
 
 def _backward_call(
-    q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, dlse: Any, consts: list[Any], attrs: dict[str, Any]
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    lse_lo: Any,
+    dout: Any,
+    dlse: Any,
+    consts: list[Any],
+    attrs: dict[str, Any],
 ) -> tuple[Any, Any, Any]:
     """``(dq, dk, dv)`` in the compute dtype (float32; float64 for float64)."""
     import jax
@@ -163,7 +176,7 @@ def _backward_call(
     acc = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
     shapes = tuple(jax.ShapeDtypeStruct(x.shape, acc) for x in (q, k, v))
     call = jax.ffi.ffi_call(BACKWARD, shapes, vmap_method="broadcast_all")
-    args = (q, k, v, out, lse.astype(acc), dout.astype(q.dtype), dlse.astype(acc))
+    args = (q, k, v, out, lse.astype(acc), lse_lo.astype(acc), dout.astype(q.dtype), dlse.astype(acc))
     return cast(tuple[Any, Any, Any], call(*args, *consts, **(attrs | {"has_dlse": np.int64(1)})))
 
 
@@ -179,15 +192,15 @@ def forward(c: Call, p: Any) -> Result:
 
     @jax.custom_vjp
     def attention(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
-        return _forward_call(q, k, v, consts, attrs)
+        return _forward_call(q, k, v, consts, attrs)[:2]
 
     def attention_fwd(q: Any, k: Any, v: Any) -> tuple[tuple[Any, Any], tuple[Any, ...]]:
-        out, lse = _forward_call(q, k, v, consts, attrs)
-        return (out, lse), (q, k, v, out, lse)
+        out, lse, lse_lo = _forward_call(q, k, v, consts, attrs)
+        return (out, lse), (q, k, v, out, lse, lse_lo)
 
     def attention_bwd(res: tuple[Any, ...], g: tuple[Any, Any]) -> tuple[Any, Any, Any]:
-        q, k, v, out, lse = res
-        dq, dk, dv = _backward_call(q, k, v, out, lse, *g, consts, attrs)
+        q, k, v, out, lse, lse_lo = res
+        dq, dk, dv = _backward_call(q, k, v, out, lse, lse_lo, *g, consts, attrs)
         return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
     attention.defvjp(attention_fwd, attention_bwd)
@@ -209,4 +222,4 @@ def backward(dout: Array, c: Call, p: Any, out: Array, lse: Array, dlse: Array |
     lse4 = _flat(lse[..., None], d, d.h)[..., 0]
     dl = jnp.zeros_like(lse4) if dlse is None else _flat(dlse[..., None], d, d.h)[..., 0]
     consts, attrs = _operands(c, p, q.shape[0])
-    return _backward_call(q, k, v, o.astype(q.dtype), lse4, do, dl, consts, attrs)
+    return _backward_call(q, k, v, o.astype(q.dtype), lse4, jnp.zeros_like(lse4), do, dl, consts, attrs)

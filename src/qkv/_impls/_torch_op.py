@@ -9,7 +9,10 @@ compiled graph draws a new one per call). The operator plans the mask itself (``
 cached by the recipe), so a traced program never runs NumPy.
 
     q (B, H, Nq, Dk), k (B, Hkv, Nk, Dk), v (B, Hkv, Nk, Dv), bias (B|1, H|1, Nq|1, Nk) or None
-    -> out (B, H, Nq, Dv), lse (B, H, Nq) (float32; float64 for float64)
+    -> out (B, H, Nq, Dv), lse (B, H, Nq) (float32; float64 for float64), lse_lo (B, H, Nq)
+
+lse_lo is lse's rounding residual (the kernel's ``lse_lo``), saved for the backward operator
+(its last argument, ``Tensor? lse_lo=None``), which rebuilds P from lse + lse_lo.
 
 ``torch.ops.qkv.attention_quantized`` reads a quantized cache in place: k, v the codes (int8,
 or float8 as their ``uint8`` bits) with float32 scales ``k_scale``, ``v_scale`` ``(B|1, Hkv|1,
@@ -77,6 +80,7 @@ _CALL = (
     "Tensor? bias, str mask_code, Tensor[] mask_data, SymInt[] lead, str mods_code, Tensor[] mod_tables, "
     "float scale, float dropout, Tensor seed"
 )
+_N_CALL = _CALL.count(",") + 1
 
 
 def _kernel_args(
@@ -102,10 +106,12 @@ def _check(counts: tuple[int, int], q: Tensor, k: Tensor, a: KernelArgs) -> None
         raise overflow_error(q, k, a.scale, rows=counts[1])
 
 
-def _results(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """The forward's empty ``out (B, H, Nq, Dv)`` and ``lse (B, H, Nq)`` (real or fake, as q is)."""
+def _results(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The forward's empty ``out (B, H, Nq, Dv)``, ``lse`` and ``lse_lo (B, H, Nq)`` (real or fake,
+    as q is)."""
     b, h, nq, _ = q.shape
-    return q.new_empty((b, h, nq, v.shape[-1])), q.new_empty((b, h, nq), dtype=_lse_dtype(q.dtype))
+    acc = _lse_dtype(q.dtype)
+    return q.new_empty((b, h, nq, v.shape[-1])), q.new_empty((b, h, nq), dtype=acc), q.new_empty((b, h, nq), dtype=acc)
 
 
 def _grads(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -121,35 +127,39 @@ def _operator(name: str, schema: str) -> Any:
 
 @_operator(
     "attention",
-    f"(Tensor q, Tensor k, Tensor v, {_CALL}) -> (Tensor, Tensor)",
+    f"(Tensor q, Tensor k, Tensor v, {_CALL}) -> (Tensor, Tensor, Tensor)",
 )
-def attention_op(q: Tensor, k: Tensor, v: Tensor, *call: Any) -> tuple[Tensor, Tensor]:
-    """The forward pass: ``(out, lse)`` (see the module docstring)."""
-    out, lse = _results(q, v)
+def attention_op(q: Tensor, k: Tensor, v: Tensor, *call: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """The forward pass: ``(out, lse, lse_lo)`` (see the module docstring)."""
+    out, lse, lse_lo = _results(q, v)
     a = _kernel_args(q, k, v, call)
-    _check(native.forward(q.detach(), k.detach(), v.detach(), out, lse, **a.keywords()), q, k, a)
-    return out, lse
+    _check(native.forward(q.detach(), k.detach(), v.detach(), out, lse, lse_lo=lse_lo, **a.keywords()), q, k, a)
+    return out, lse, lse_lo
 
 
 @attention_op.register_fake
-def _attention_fake(q: Tensor, k: Tensor, v: Tensor, *call: Any) -> tuple[Tensor, Tensor]:
+def _attention_fake(q: Tensor, k: Tensor, v: Tensor, *call: Any) -> tuple[Tensor, Tensor, Tensor]:
     return _results(q, v)
 
 
 @_operator(
     "attention_backward",
-    f"(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_CALL}) "
-    "-> (Tensor, Tensor, Tensor)",
+    # lse_lo last, defaulted: a graph compiled against the schema without it (torch's caches
+    # outlive an upgrade) still calls this operator, and gets P from lse alone
+    f"(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_CALL}, "
+    "Tensor? lse_lo=None) -> (Tensor, Tensor, Tensor)",
 )
 def attention_backward_op(
-    dout: Tensor, dlse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, *call: Any
+    dout: Tensor, dlse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, *rest: Any
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` in the compute dtype (FlashAttention-2, Algorithm 2, recomputed)."""
+    """``(dq, dk, dv)`` in the compute dtype (FlashAttention-2, Algorithm 2, recomputed; P from
+    lse + lse_lo when the forward's residual is given: the call's arguments, then lse_lo)."""
+    *call, lse_lo = rest if len(rest) > _N_CALL else (*rest, None)
     dq, dk, dv = _grads(q, k, v)
     a = _kernel_args(q, k, v, call)
     q_, k_, v_, o_, lse_, do_ = (x.detach() for x in (q, k, v, out, lse, dout.contiguous()))
-    dl = None if dlse is None else dlse.detach()
-    overflowed = native.backward(q_, k_, v_, o_, lse_, do_, dq, dk, dv, dlse=dl, **a.keywords())[1]
+    dl, lo = (None if x is None else x.detach() for x in (dlse, lse_lo))
+    overflowed = native.backward(q_, k_, v_, o_, lse_, do_, dq, dk, dv, dlse=dl, lse_lo=lo, **a.keywords())[1]
     if overflowed:  # finite inputs, non-finite gradients: what overflowed, with its numbers
         raise gradient_overflow_error(q, k, v, dout, a.scale, overflowed, dlse=dlse)
     return dq, dk, dv
@@ -162,20 +172,22 @@ def _attention_backward_fake(
     return _grads(q, k, v)
 
 
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor, Tensor]) -> None:
     q, k, v, bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, dropout, seed = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, seed, *([] if bias is None else [bias]), *mask_data, *mod_tables)
+    out, lse, lse_lo = output
+    ctx.mark_non_differentiable(lse_lo)
+    saved = (q, k, v, out, lse, lse_lo, seed, *([] if bias is None else [bias]), *mask_data, *mod_tables)
+    ctx.save_for_backward(*saved)
     ctx.statics = (bias is not None, len(mask_data), mask_code, lead, mods_code, scale, dropout)
 
 
-def _backward(ctx: Any, dout: Tensor, dlse: Tensor | None) -> tuple[Any, ...]:
+def _backward(ctx: Any, dout: Tensor, dlse: Tensor | None, _dlse_lo: Any = None) -> tuple[Any, ...]:
     has_bias, n_mask, mask_code, lead, mods_code, scale, dropout = ctx.statics
-    q, k, v, out, lse, seed, *rest = ctx.saved_tensors
+    q, k, v, out, lse, lse_lo, seed, *rest = ctx.saved_tensors
     bias = rest.pop(0) if has_bias else None
     mask_data, mod_tables = rest[:n_mask], rest[n_mask:]
     call = (bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, dropout, seed)
-    dq, dk, dv = torch.ops.qkv.attention_backward(dout, dlse, q, k, v, out, lse, *call)
+    dq, dk, dv = torch.ops.qkv.attention_backward(dout, dlse, q, k, v, out, lse, *call, lse_lo)
     grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype))
     # one entry per input, a list for each list input (bias, masks and tables get no gradient here)
     return (*grads, None, None, [None] * n_mask, None, None, [None] * len(mod_tables), None, None, None)
@@ -197,47 +209,51 @@ def dequantized(codes: Tensor, scales: Tensor, kv_format: int, dtype: torch.dtyp
 
 @_operator(
     "attention_quantized",
-    f"(Tensor q, Tensor k, Tensor v, Tensor k_scale, Tensor v_scale, int kv_format, {_CALL}) -> (Tensor, Tensor)",
+    f"(Tensor q, Tensor k, Tensor v, Tensor k_scale, Tensor v_scale, int kv_format, {_CALL}) "
+    "-> (Tensor, Tensor, Tensor)",
 )
 def attention_quantized_op(
     q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Tensor, kv_format: int, *call: Any
-) -> tuple[Tensor, Tensor]:
-    """The forward pass over a quantized cache read in place: ``(out, lse)`` (see the module docstring)."""
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The forward pass over a quantized cache read in place: ``(out, lse, lse_lo)`` (see the
+    module docstring)."""
     if call[7] > 0:
         raise ArgumentError("torch.ops.qkv.attention_quantized takes no dropout (qkv.attention dequantizes for it)")
-    out, lse = _results(q, v)
+    out, lse, lse_lo = _results(q, v)
     a = _kernel_args(q, k, v, call, (kv_format, k_scale, v_scale))
-    counts = native.forward(q.detach(), k.detach(), v.detach(), out, lse, **a.keywords())
+    counts = native.forward(q.detach(), k.detach(), v.detach(), out, lse, lse_lo=lse_lo, **a.keywords())
     if counts[1]:
         _check(counts, q, dequantized(k, k_scale, kv_format, q.dtype), a)
-    return out, lse
+    return out, lse, lse_lo
 
 
 @attention_quantized_op.register_fake
-def _attention_quantized_fake(q: Tensor, k: Tensor, v: Tensor, *rest: Any) -> tuple[Tensor, Tensor]:
+def _attention_quantized_fake(q: Tensor, k: Tensor, v: Tensor, *rest: Any) -> tuple[Tensor, Tensor, Tensor]:
     return _results(q, v)
 
 
-def _setup_quantized(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+def _setup_quantized(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor, Tensor]) -> None:
     q, k, v, k_scale, v_scale, kv_format, bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, _, seed = (
         inputs
     )
-    out, lse = output
-    saved = (q, k, v, k_scale, v_scale, out, lse, seed, *([] if bias is None else [bias]), *mask_data, *mod_tables)
-    ctx.save_for_backward(*saved)
+    out, lse, lse_lo = output
+    ctx.mark_non_differentiable(lse_lo)
+    ctx.save_for_backward(
+        q, k, v, k_scale, v_scale, out, lse, lse_lo, seed, *([] if bias is None else [bias]), *mask_data, *mod_tables
+    )
     ctx.statics = (kv_format, bias is not None, len(mask_data), mask_code, lead, mods_code, scale)
 
 
-def _backward_quantized(ctx: Any, dout: Tensor, dlse: Tensor | None) -> tuple[Any, ...]:
+def _backward_quantized(ctx: Any, dout: Tensor, dlse: Tensor | None, _dlse_lo: Any = None) -> tuple[Any, ...]:
     """q's gradient: FlashAttention-2's backward over the dequantized cache (the values the forward
     attended); the codes and scales are inference state and get none."""
     kv_format, has_bias, n_mask, mask_code, lead, mods_code, scale = ctx.statics
-    q, k, v, k_scale, v_scale, out, lse, seed, *rest = ctx.saved_tensors
+    q, k, v, k_scale, v_scale, out, lse, lse_lo, seed, *rest = ctx.saved_tensors
     bias = rest.pop(0) if has_bias else None
     mask_data, mod_tables = rest[:n_mask], rest[n_mask:]
     kf, vf = dequantized(k, k_scale, kv_format, q.dtype), dequantized(v, v_scale, kv_format, q.dtype)
     call = (bias, mask_code, mask_data, lead, mods_code, mod_tables, scale, 0.0, seed)
-    dq, _, _ = torch.ops.qkv.attention_backward(dout, dlse, q, kf, vf, out, lse, *call)
+    dq, _, _ = torch.ops.qkv.attention_backward(dout, dlse, q, kf, vf, out, lse, *call, lse_lo)
     # one entry per input: q, k, v, k_scale, v_scale, kv_format, then the call (lists for list inputs)
     none_call = (None, None, [None] * n_mask, None, None, [None] * len(mod_tables), None, None, None)
     return (dq.to(q.dtype), None, None, None, None, None, *none_call)

@@ -144,6 +144,14 @@ def forward(c: Call, p: Plan) -> Result:
     return array_engine.forward(c, p.tiles[0], p.tiles[1], _classes(c, p))
 
 
+def forward_saved(c: Call, p: Plan) -> tuple[Result, Array | None]:
+    """``forward`` for a result saved for the backward: ``(result, lse_lo)``, the compiled engine's
+    residual of lse's rounding (None from the array engine, whose backward needs none)."""
+    if p.engine == "native":
+        return native_engine.forward_saved(c, p)
+    return forward(c, p), None
+
+
 def _classes(c: Call, p: Plan) -> np.ndarray:
     d = c.dims
     assert p.tiles is not None
@@ -154,12 +162,20 @@ def _classes(c: Call, p: Plan) -> np.ndarray:
 
 
 def backward(
-    dout: Array, c: Call, p: Plan, out: Array, lse: Array, dlse: Array | None = None, dbias: bool = False
+    dout: Array,
+    c: Call,
+    p: Plan,
+    out: Array,
+    lse: Array,
+    dlse: Array | None = None,
+    dbias: bool = False,
+    lse_lo: Array | None = None,
 ) -> tuple[Array, ...]:
     """Gradients by tiles, recomputing ``A = exp(S - lse)`` (FlashAttention-2, Algorithm 2); a
-    bias's gradient (``dbias``) comes from the array engine."""
+    bias's gradient (``dbias``) comes from the array engine. ``lse_lo``: the compiled forward's
+    residual of lse's rounding (``forward_saved``), read by the compiled backward."""
     if not dbias and p.engine == "native":
-        return native_engine.backward(dout, c, p, out, lse, dlse)
+        return native_engine.backward(dout, c, p, out, lse, dlse, lse_lo)
     tiles = p.tiles if p.engine == "array" and p.tiles is not None else choose_tiles(c)
     p = p._replace(tiles=tiles)
     return array_engine.backward(dout, c, out, lse, dlse, dbias, tiles[0], tiles[1], _classes(c, p))

@@ -269,7 +269,9 @@ def forward(q: Any, k: Any, v: Any, out: Any, lse: Any, **options: Any) -> tuple
     - ``threads``: worker threads in ``[1, MAX_THREADS]`` (default 1);
     - ``kv_format`` (a ``KvFormat``): K and V in q's dtype, or quantized (int8, or the float8 bits
       of E4M3 / E5M2 as uint8) with float32 scales ``k_scale``, ``v_scale`` broadcasting to
-      ``(B, Hkv, Nk)``.
+      ``(B, Hkv, Nk)``;
+    - ``lse_lo``: an optional result ``(B, H, Nq)`` in lse's dtype, written with lse's rounding
+      residual (the lse computed minus the lse written; 0 where lse is not finite), for ``backward``.
 
     Returns ``(rows that attended a non-finite input, rows whose finite inputs overflowed)``: both
     kinds are written as NaN with ``lse`` NaN; the caller raises for the second (``finite.hpp``)."""
@@ -282,7 +284,8 @@ def backward(
 ) -> tuple[int, int]:
     """Gradients into ``dq (B, H, Nq, Dk)``, ``dk (B, Hkv, Nk, Dk)``, ``dv (B, Hkv, Nk, Dv)``
     (float32; float64 for float64 inputs), recomputed from ``q, k, v, out, lse``; ``dlse`` (an
-    optional keyword, ``(B, H, Nq)``) adds lse's gradient. A row that sends NaN (its forward was
+    optional keyword, ``(B, H, Nq)``) adds lse's gradient; ``lse_lo`` (optional, the forward's) is
+    added to lse where P is rebuilt. A row that sends NaN (its forward was
     NaN, or its q / dO is not finite) sends it along its attended edges only. The other keywords
     and the returned counts are ``forward``'s."""
     _need()
@@ -305,7 +308,7 @@ def _options(options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-_ARRAYS = frozenset({"bias", "k_scale", "v_scale", "dlse"})  # the mask arrays are NumPy (masks.plan)
+_ARRAYS = frozenset({"bias", "k_scale", "v_scale", "dlse", "lse_lo"})  # the mask arrays are NumPy (masks.plan)
 _NUMBERS = {"scale": float, "dropout_p": float, "seed": int, "threads": int, "kv_format": int}
 
 

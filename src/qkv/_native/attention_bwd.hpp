@@ -6,7 +6,10 @@
 // GQA sum happens here, no K/V copy), and walks the query blocks with
 //   S^T = K Q^T, P^T = exp2(S^T - lse), dP^T = V dO^T, dS^T = P^T o (dP^T - D)   (Alg. 2 l. 11-16)
 //   dV += P^T dO,  dK += dS^T Q,  dQ += dS K                                       (l. 12, 17, 18)
-// with D_i = rowsum(dO o O) - dlse_i in float64 (row_delta). The loop (bwd_tiles) runs over a Dot
+// with D_i = rowsum(dO o O) - dlse_i in float64 (row_delta), and P rebuilt from lse + lse_lo (the
+// forward's residual of lse's rounding, when given: params.hpp). Where a row is nearly one-hot
+// (some P^T of its lane group's tile above kExactDpP), dP^T - D is summed in float64 instead
+// (exact_dpt below). The loop (bwd_tiles) runs over a Dot
 // policy holding the operand layouts and the five matmuls: WideBwd below (compute-type operands,
 // microkernel.hpp), or kernels_avx512bf16.cpp's Bf16Bwd (bf16 operands on vdpbf16ps).
 //
@@ -166,7 +169,7 @@ struct DqOrder {
 // cycles a product) and measured ~7% of a causal backward; eight chains vectorise (the order is
 // written here, so every ISA and thread count sums alike).
 template <class T>
-static inline typename Compute<T>::type row_delta(const Params& P, int64_t b, int64_t h, int64_t i, const T* drow) {
+static inline double row_delta(const Params& P, int64_t b, int64_t h, int64_t i, const T* drow) {
   using C = typename Compute<T>::type;
   constexpr int64_t kChains = 8;
   const T* orow = static_cast<const T*>(P.out_s.data) + b * P.out_s.s0 + h * P.out_s.s1 + i * P.out_s.s2;
@@ -177,7 +180,37 @@ static inline typename Compute<T>::type row_delta(const Params& P, int64_t b, in
   for (int64_t u = 0; d < P.Dv; ++d, ++u) part[u] += double(to_c<C>(orow[d])) * double(to_c<C>(drow[d]));
   double acc = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
   if (P.dlse) acc -= load_any(P.dlse, b * P.dlse_s.s0 + h * P.dlse_s.s1 + i * P.dlse_s.s2, P.dlse_dtype);
-  return C(acc);
+  return acc;
+}
+
+// dS = P o (dP - D) loses, in a nearly one-hot row, what torch's softmax backward keeps: there
+// dP_ij ~ D_i (D = sum_j P_ij dP_ij ~ dP_ij for the one key), so dP - D is a rounding residue. torch
+// sums D from the same rounded dP_ij, whose rounding then cancels in dP_ij - D_i; FlashAttention-2's
+// D = rowsum(dO o O) cannot cancel a rounding it never saw, and the float32 dP_ij's (a sum of Dv
+// products, ~sqrt(Dv) ulps of |dO||v|) stays whole in dS: dQ, dK up to 4x torch's float32 error
+// on flash-attn's softcap / window cases (tests/test_accumulation.py). Summed in float64 from the
+// float32 dO and V and with D in float64, dP - D keeps only O's own rounding (in D), ~ulp(|O|) |dO|.
+// It costs ~3x a float32 dP^T, so it runs only for the lane groups whose tile holds a P above
+// kExactDpP: where the cancellation 1 - P_ij is at most 1 - kExactDpP (a softmax spread over many
+// keys has no such P, and keeps the float32 matmul).
+constexpr double kExactDpP = 0.25;
+
+// dP^T - D of lane group lg over keys [a, a + n) into c (row stride W), summed in float64: dO^T
+// [Dv][16] of the lane group and the V tile rows (row stride ldv) in the compute type.
+template <class C>
+static void exact_dpt(C* c, int64_t W, const C* vp, int64_t ldv, const C* dot, int64_t Dv, int64_t a, int64_t n,
+                      const double* d) {
+  for (int64_t jj = a; jj < a + n; ++jj) {
+    const C* vr = vp + jj * ldv;
+    double acc[kLanes];
+    for (int l = 0; l < kLanes; ++l) acc[l] = -d[l];
+    for (int64_t e = 0; e < Dv; ++e) {
+      const double x = double(vr[e]);
+      const C* o = dot + e * kLanes;
+      for (int l = 0; l < kLanes; ++l) acc[l] += x * double(o[l]);
+    }
+    for (int l = 0; l < kLanes; ++l) c[jj * W + l] = C(acc[l]);
+  }
 }
 
 // Whether a non-finite D_i = rowsum(dO o O) - dlse_i comes from finite O, dO and dlse: their sum
@@ -194,16 +227,16 @@ __attribute__((noinline)) static bool delta_overflowed(const Params& P, int64_t 
 
 // Per query row, once per call before the key tiles: D_i (row_delta) and whether its q or dO row
 // is not finite (it then sends NaN, finite.hpp). Every key tile the row's block meets reads them;
-// recomputed there, once per key tile, they measured ~6% of a bf16 backward (perf). One float and
+// recomputed there, once per key tile, they measured ~6% of a bf16 backward (perf). One double and
 // one byte a row: O(B H Nq).
 template <class T>
 struct RowStats {
   using C = typename Compute<T>::type;
-  Owned<C> delta;      // (B, H, Nq)
-  Owned<uint8_t> bad;  // (B, H, Nq)
+  Owned<double> delta;  // (B, H, Nq)
+  Owned<uint8_t> bad;   // (B, H, Nq)
   bool alloc(const Params& P) {
     const size_t n = size_t(P.B * P.H * P.Nq);
-    delta = owned_malloc<C>(n ? n : 1);  // an empty axis still gets a pointer
+    delta = owned_malloc<double>(n ? n : 1);  // an empty axis still gets a pointer
     bad = owned_malloc<uint8_t>(n ? n : 1);
     return delta && bad;
   }
@@ -214,7 +247,8 @@ struct RowStats {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t i = r % P.Nq, h = r / P.Nq % P.H, b = r / (P.Nq * P.H);
       const T* drow = dout + b * P.dout_s.s0 + h * P.dout_s.s1 + i * P.dout_s.s2;
-      delta[r] = row_delta<T>(P, b, h, i, drow);
+      const double* dref = P.delta_rows ? P.delta_rows + r : nullptr;  // refine_lse's, where it ran
+      delta[r] = dref && *dref == *dref ? *dref : row_delta<T>(P, b, h, i, drow);
       bad[r] = uint8_t(!storage_finite(q + b * P.q.s0 + h * P.q.s1 + i * P.q.s2, P.Dk) || !storage_finite(drow, P.Dv));
     }
   }
@@ -243,6 +277,7 @@ struct WideBwd {
   using V = typename VecOf<C>::V;
   static constexpr int64_t kKeyStep = 1;
   static constexpr int64_t W = BwdBufs<T>::W;
+  static constexpr bool kExactDp = std::is_same_v<C, float>;  // float64 has nothing to gain
   const Params* P;
   BwdBufs<T>* S;
   const C* kp = nullptr;
@@ -304,6 +339,10 @@ struct WideBwd {
     else
       gemm16<false>(c, W, vp + a * ldv, ldv, 1, dot, kLanes, n, P->Dv);
   }
+  // dP^T - D of lane group lg, keys [a, a + n), in float64 (exact_dpt); d: its D per lane
+  void dpt_exact(C* c, int lg, int64_t a, int64_t n, const double* d) const {
+    exact_dpt(c, W, vp, ldv, S->dot + lg * P->Dv * kLanes, P->Dv, a, n, d);
+  }
   void dq(int lg, bool two, int64_t a, int64_t n) const {
     C* c = S->dqt + lg * kLanes * dkp;
     const C* ds = S->dst + a * W + lg * kLanes;  // row m of dS: column m of dS^T (two lane groups adjacent)
@@ -361,6 +400,7 @@ __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, 
   const T* dout = static_cast<const T*>(P.dout);
   const T* q = static_cast<const T*>(P.q.data);
   const C* lse = static_cast<const C*>(P.lse_s.data);
+  const C* lse_lo = static_cast<const C*>(P.lse_lo_s.data);
   const bool want_d = P.n_mods > 0;
   const double unit = score_unit(P), kl = kLog2e / unit;  // P = exp2((s - lse kl) unit)
   const bool drop = P.dropout_p > 0.0;
@@ -424,15 +464,18 @@ __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, 
         }
       }
       if (ja >= jz) continue;
-      // Q and dO rows of the block; D_i = rowsum(dO o O) - dlse_i and the rows' finiteness (RowStats)
+      // Q and dO rows of the block; D_i = rowsum(dO o O) - dlse_i (float64, and rounded to the
+      // compute type for dP^T's float32 path) and the rows' finiteness (RowStats)
       const int64_t row0 = (b * P.H + h) * P.Nq + i0;
-      const C* drow_dot = rs.delta.get() + row0;
+      const double* drow64 = rs.delta.get() + row0;
       const uint8_t* row_bad = rs.bad.get() + row0;
       uint8_t dq_nan[kBlockQ] = {};
+      alignas(64) C drow_dot[kBlockQ];
       for (int64_t r = 0; r < nr; ++r) {
         const T* qrow = q + b * P.q.s0 + h * P.q.s1 + (i0 + r) * P.q.s2;
         const T* drow = dout + b * P.dout_s.s0 + h * P.dout_s.s1 + (i0 + r) * P.dout_s.s2;
         dot.row(r, qrow, drow, row_bad[r] != 0);
+        drow_dot[r] = C(drow64[r]);
       }
       dot.rows_done(nr, int64_t(nlg) * kLanes);
       // outside its own computed keys, a lane group's columns of the block-wide P^T, dS^T are zero
@@ -448,6 +491,7 @@ __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, 
         }
       }
       alignas(64) C lse2[kLaneGroups][kLanes], lse2_lo[kLaneGroups][kLanes], dd[kLaneGroups][kLanes];
+      double dd64[kLaneGroups][kLanes];
       bool has_add[kLaneGroups] = {};
       for (int lg0 = 0; lg0 < nlg; lg0 += 2) {
         const bool on0 = tm[lg0].mode != TILE_SKIP, on1 = lg0 + 1 < nlg && tm[lg0 + 1].mode != TILE_SKIP;
@@ -469,11 +513,16 @@ __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, 
             bool sends_nan = l < L.n && (fl[l] || row_bad[lg * kLanes + l] || !(x == x) || x == C(INFINITY) ||
                                          (!std::isfinite(dx) && !delta_overflowed<T>(P, b, h, L.i[l])));
             // a row that saw no key (lse = -inf) must get P = 0: exp2(s - inf); so does one sending NaN
-            // lse in the scores' units (mods.hpp): natural as it is; in log2 units as hi + lo, since
-            // rounded to one float lse log2 e would shift every P of the row by up to half its ulp
-            // (3.8e-6 relative at |lse| ~ 50); s - hi is exact near the row's max
-            lse2[lg][l] = (x == C(-INFINITY) || sends_nan) ? C(INFINITY) : C(double(x) * kl);
-            lse2_lo[lg][l] = std::isfinite(lse2[lg][l]) ? C(double(x) * kl - double(lse2[lg][l])) : C(0);
+            // lse + lse_lo in the scores' units (mods.hpp) as hi + lo, since rounded to one float it
+            // would shift every P of the row by up to half its ulp (3.8e-6 relative at |lse| ~ 50);
+            // s - hi is exact near the row's max
+            double xl = double(x);
+            if (lse_lo && l < L.n && std::isfinite(xl)) {
+              const double lo = double(lse_lo[b * P.lse_lo_s.s0 + h * P.lse_lo_s.s1 + L.i[l] * P.lse_lo_s.s2]);
+              xl += std::isfinite(lo) ? lo : 0.0;
+            }
+            lse2[lg][l] = (x == C(-INFINITY) || sends_nan) ? C(INFINITY) : C(xl * kl);
+            lse2_lo[lg][l] = std::isfinite(lse2[lg][l]) ? C(xl * kl - double(lse2[lg][l])) : C(0);
             if (P.lse_rows && std::isfinite(lse2[lg][l])) {  // the row's own (m, log l): kernels_impl.hpp's refine_lse
               const C* f = static_cast<const C*>(P.lse_rows) + 2 * row;
               if (f[0] == f[0]) {
@@ -482,6 +531,7 @@ __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, 
               }
             }
             dd[lg][l] = sends_nan ? C(0) : dx;
+            dd64[lg][l] = sends_nan || l >= L.n ? 0.0 : drow64[lg * kLanes + l];
             if (!sends_nan) continue;
             bool touched = false;
             for (int64_t jj = ra[lg]; jj < rz[lg]; ++jj)
@@ -498,6 +548,7 @@ __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, 
         // S^T and P^T (Alg. 2 lines 11, 13), keys [a, z) only
         C* pt = S.pt + a * W + first * kLanes;
         dot.scores(pt, first, two, a, n);
+        bool exact[kLaneGroups] = {};  // the lane group's dP^T - D in float64 (exact_dpt)
         for (int lg = first; lg <= last; ++lg) {
           const bool masked = tm[lg].mode == TILE_MASKED;
           alignas(64) C lo_[kLanes], hi_[kLanes];
@@ -509,6 +560,7 @@ __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, 
           const V u = vset1<V>(C(unit));
           C* p = S.pt + lg * kLanes;
           C* df = S.dfac + lg * kLanes;
+          [[maybe_unused]] V pmax = vzero<V>();
           for (int64_t jj = a; jj < z; ++jj) {
             V dv = vzero<V>();
             const C* add = has_add[lg] ? S.addt + (lg * P.bk + jj) * kLanes : nullptr;
@@ -518,12 +570,23 @@ __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, 
               const V jv = vset1<V>(C(jj));
               s = vsel(vand(vle(lo, jv), vlt(jv, hi)), s, ninf);
             }
-            vstore(p + jj * W, vexp2(vmul(vsub(vsub(s, lv), lv_lo), u)));
+            const V pv = vexp2(vmul(vsub(vsub(s, lv), lv_lo), u));
+            vstore(p + jj * W, pv);
+            if constexpr (Dot::kExactDp) pmax = vmax(pmax, pv);
             if (want_d) vstore(df + jj * W, dv);
           }
+          if constexpr (Dot::kExactDp) {
+            alignas(64) C pm[kLanes];
+            vstore(pm, pmax);
+            for (int l = 0; l < kLanes; ++l) exact[lg] = exact[lg] || pm[l] > C(kExactDpP);
+            exact[lg] = exact[lg] && !drop;  // dropout's dP is scaled by its mask before D
+          }
         }
-        // dP^T = V dO^T (line 14)
+        // dP^T = V dO^T (line 14); dP^T - D in float64 for the lane groups marked exact
         dot.dpt(S.dst + a * W + first * kLanes, first, two, a, n);
+        if constexpr (Dot::kExactDp)
+          for (int lg = first; lg <= last; ++lg)
+            if (exact[lg]) dot.dpt_exact(S.dst + lg * kLanes, lg, a, n, dd64[lg]);
         for (int lg = first; lg <= last; ++lg) {
           const LaneGroup& L = lgs[lg];
           if (drop) {
@@ -534,7 +597,7 @@ __attribute__((noinline)) static void bwd_tiles(const Params& P, BwdBufs<T>& S, 
                          [&](int64_t j, bool keep) { S.zt[(j - j0) * kLanes + l] = keep ? inv_keep : C(0); });
           }
           // dS^T = P^T o (dP^T - D) (line 16); the dropped P^T goes on to dV
-          const V dvec = vload(dd[lg]);
+          const V dvec = exact[lg] ? vzero<V>() : vload(dd[lg]);
           C* p = S.pt + lg * kLanes;
           C* ds_ = S.dst + lg * kLanes;
           const C* df = S.dfac + lg * kLanes;

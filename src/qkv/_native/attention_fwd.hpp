@@ -124,6 +124,32 @@ static inline void load_qt(const Params& P, const LaneGroup& lg, C* qt, uint8_t*
 // tile, then added compensated, with its carry in l_comp); returns alpha = exp(m_old - m_new) for
 // the caller's O rescale. Dropout (inverted) is applied to P after the row sum, so l
 // and lse stay the pre-dropout ones.
+// sum_{x < n} p(x) per lane (a row's keys: one lane per query row here, a lane's keys in decode),
+// in pairs summed from zero, each pair added compensated (Kahan) to the sum. One running sum per
+// lane swallowed every small P_ij added after the row's largest (~1): each below half an ulp of 1
+// was lost whole, all with one sign, so l came out low (5e-7 relative on a softcap row whose
+// largest P is 0.955, 257 keys: dK 4x torch's float32 error; 5e-7 on a row of one dominant key
+// and 127 keys of ~5e-8, 8x torch's lse error). Now only the key paired with a dominant one can
+// be lost. The carry costs the loop no more latency per key than the plain sum's chain did (four
+// dependent adds a pair).
+template <class V, class F>
+static inline V tile_sum(int64_t n, F p) {
+  V sum = vzero<V>(), carry = vzero<V>();
+  const auto add = [&](V t) {
+    const V y = vsub(t, carry);
+    const V s = vadd(sum, y);
+    carry = vsub(vsub(s, sum), y);
+    sum = s;
+  };
+  int64_t x = 0;
+  for (; x + 2 <= n; x += 2) {
+    const V a = p(x), b = p(x + 1);
+    add(vadd(a, b));
+  }
+  if (x < n) add(p(x));
+  return vsub(sum, carry);
+}
+
 template <class T, class C>
 static inline typename VecOf<C>::V softmax_tile(const Params& P, const LaneGroup& lg, const ModLanes<C>& ml,
                                                 const TileMask& tm, int64_t j0, int64_t jn, C* st, const C* addt,
@@ -177,19 +203,19 @@ static inline typename VecOf<C>::V softmax_tile(const Params& P, const LaneGroup
   V sum = vzero<V>(), alpha;
   if (P.n_mods == 0) {  // log2 units
     alpha = vexp2(vsub(m_old, m_use));
-    for (int64_t jj = 0; jj < jn; ++jj) {
+    sum = tile_sum<V>(jn, [&](int64_t jj) {
       const V p = vexp2(vsub(vload(st + jj * kLanes), m_use));
       vstore(st + jj * kLanes, p);
-      sum = vadd(sum, p);
-    }
+      return p;
+    });
   } else {  // natural units: exp2((s - m) log2 e)
     const V u = vset1<V>(C(kLog2e));
     alpha = vexp2(vmul(vsub(m_old, m_use), u));
-    for (int64_t jj = 0; jj < jn; ++jj) {
+    sum = tile_sum<V>(jn, [&](int64_t jj) {
       const V p = vexp2(vmul(vsub(vload(st + jj * kLanes), m_use), u));
       vstore(st + jj * kLanes, p);
-      sum = vadd(sum, p);
-    }
+      return p;
+    });
   }
   kahan_add(l_run, l_comp, sum, alpha);
   vstore(m_run, m_new);
@@ -213,6 +239,7 @@ static inline void write_rows(const Params& P, const LaneGroup& lg, const C* m_r
                               Get&& o, const uint8_t* ok = nullptr) {
   T* out = static_cast<T*>(P.out);
   C* lse = static_cast<C*>(P.lse);
+  C* lse_lo = static_cast<C*>(P.lse_lo);  // optional: lse's rounding (params.hpp), 0 where lse is not finite
   for (int l = 0; l < lg.n; ++l) {
     const int64_t row = (lg.b * P.H + lg.h[l]) * P.Nq + lg.i[l];
     T* dst = out + row * P.Dv;
@@ -223,14 +250,19 @@ static inline void write_rows(const Params& P, const LaneGroup& lg, const C* m_r
       if (!row_admits(P, lg, l)) {
         for (int64_t d = 0; d < P.Dv; ++d) dst[d] = Narrow<T>::from(C(0));
         lse[row] = C(-INFINITY);
+        if (lse_lo) lse_lo[row] = C(0);
         continue;
       }
       verdict = kOverflow;
     }
     if (!verdict) {
-      const C inv = C(1) / l_run[l];
-      for (int64_t d = 0; d < P.Dv; ++d) dst[d] = Narrow<T>::from(o(l, d) * inv);
-      lse[row] = C((double(m_run[l]) * score_unit(P) + std::log2(double(l_run[l]))) * kLn2);
+      // o / l rounded once (o * (1 / l) rounded twice: up to an ulp more of every output; l >= 1,
+      // the row's largest weight being 1, so both are finite exactly where o is: rows_finite)
+      const C lr = l_run[l];
+      for (int64_t d = 0; d < P.Dv; ++d) dst[d] = Narrow<T>::from(o(l, d) / lr);
+      const double x = (double(m_run[l]) * score_unit(P) + std::log2(double(l_run[l]))) * kLn2;
+      lse[row] = C(x);
+      if (lse_lo) lse_lo[row] = C(x - double(C(x)));
       // the written row, by a bitwise test (a compare in the loop above measured 6% slower)
       if (ok ? ok[l] != 0 : storage_finite(dst, P.Dv)) continue;
       verdict = kOverflow;  // finite scores: a value row the tile loop did not scan, or |v| near the limit
@@ -238,6 +270,7 @@ static inline void write_rows(const Params& P, const LaneGroup& lg, const C* m_r
     if (verdict == kOverflow && row_reads_nonfinite<T>(P, lg, l)) verdict = kBadInput;
     for (int64_t d = 0; d < P.Dv; ++d) dst[d] = Narrow<T>::from(C(NAN));
     lse[row] = C(NAN);
+    if (lse_lo) lse_lo[row] = C(0);
     count_row(P, verdict);
   }
 }
@@ -319,7 +352,7 @@ struct FwdBufs : Scratch<FwdBufs<T>> {
 // The dot products of the tile loop below, on compute-type operands: microkernel.hpp's gemm16 /
 // gemm16x2 on Q^T [Dk][16] per lane group, K and V read in place (widened per range when stored
 // narrower). kernels_avx512bf16.cpp has another with the same members (vdpbf16ps on bf16 pairs).
-// fwd_tiles makes one per call, Dot{&P, &S}; it keeps the range read:
+// fwd_tiles runs over one (its caller's Dot{&P, &S}); it keeps the range read:
 //   load_q(lg, g, fl)       lane group lg's queries into slot g, its bad q rows flagged
 //   range(lgs, nlg, kb, j0, jn, fl)  K and V rows [j0, j0 + jn) ready (the union of the spans
 //                           of one tile), clean (finite.hpp): lanes attending a bad row flagged
@@ -382,10 +415,9 @@ struct WideDot {
 // slower dense forward, the loops' code being sensitive to what shares their function.
 template <class Dot, class T>
 __attribute__((noinline)) static void fwd_tiles(const Params& P, FwdBufs<T>& S, const LaneGroup* lgs, int nlg,
-                                                int64_t ka, int64_t kz, uint8_t (*fl)[kLanes]) {
+                                                int64_t ka, int64_t kz, uint8_t (*fl)[kLanes], Dot dot) {
   using C = typename Compute<T>::type;
   using V = typename VecOf<C>::V;
-  Dot dot{&P, &S};
   ModLanes<C> ml[kLaneGroups];
   TileMask tm[kLaneGroups];
   for (int g = 0; g < nlg; ++g) {
@@ -480,7 +512,7 @@ __attribute__((noinline)) static void fwd_tiles(const Params& P, FwdBufs<T>& S, 
 template <class T>
 static void fwd_rowset(const Params& P, FwdBufs<T>& S, const LaneGroup* lgs, int nlg, int64_t ka, int64_t kz,
                        uint8_t (*fl)[kLanes]) {
-  fwd_tiles<WideDot<T>>(P, S, lgs, nlg, ka, kz, fl);
+  fwd_tiles(P, S, lgs, nlg, ka, kz, fl, WideDot<T>{&P, &S});
 }
 
 // After fwd_rowset: the rows of each lane group (write_rows), or, for a decode split (part), the

@@ -94,6 +94,17 @@ ArrayView optional(const nb::object& o, const char* name, std::vector<In>& keep)
   return view(keep.back());
 }
 
+// An optional result passed by keyword (the forward's lse_lo): writable, kept alive in `keep`.
+ArrayView written(const nb::object& o, const char* name, std::vector<Out>& keep) {
+  if (o.is_none()) return ArrayView{};
+  try {
+    keep.push_back(nb::cast<Out>(o));
+  } catch (const std::exception&) {
+    type_error(std::string(name) + " must be a writable CPU array (NumPy, torch or JAX), got " + type_of(o));
+  }
+  return view(keep.back());
+}
+
 // Each mod is a qkv._native.KernelMod, a tuple (kind, c, table, m) of Python objects; their values
 // are the entrance's to check.
 std::vector<ModArg> mod_args(const nb::object& mods, std::vector<In>& keep) {
@@ -133,13 +144,15 @@ I integer(nb::handle o, const char* name) {
              std::to_string(std::numeric_limits<I>::max()) + "], got " + nb::cast<std::string>(nb::repr(o)));
 }
 
-// The keywords of both directions onto `a` (dlse: the backward's only), the arrays among them kept
-// alive in `keep`. One table for both: a keyword absent keeps CallArgs' default; scale is required.
-void keywords(CallArgs& a, const nb::kwargs& kw, bool backward, std::vector<In>& keep) {
+// The keywords of both directions onto `a` (dlse: the backward's only; lse_lo: a result of the
+// forward, an input of the backward), the arrays among them kept alive in `keep` (the forward's
+// lse_lo, written, in `keep_out`). One table for both: a keyword absent keeps CallArgs' default;
+// scale is required.
+void keywords(CallArgs& a, const nb::kwargs& kw, bool backward, std::vector<In>& keep, std::vector<Out>& keep_out) {
   static const std::pair<std::string_view, ArrayView CallArgs::*> kArrays[] = {
       {"tile_class", &CallArgs::tile_class}, {"rows", &CallArgs::rows}, {"bitmap_index", &CallArgs::bitmap_index},
       {"bitmaps", &CallArgs::bitmaps},       {"bias", &CallArgs::bias}, {"k_scale", &CallArgs::k_scale},
-      {"v_scale", &CallArgs::v_scale},       {"dlse", &CallArgs::dlse}};
+      {"v_scale", &CallArgs::v_scale},       {"dlse", &CallArgs::dlse}, {"lse_lo", &CallArgs::lse_lo}};
   bool scale = false;
   for (auto [key, value] : kw) {
     const std::string_view k = nb::borrow<nb::str>(key).c_str();
@@ -160,7 +173,9 @@ void keywords(CallArgs& a, const nb::kwargs& kw, bool backward, std::vector<In>&
       bool found = false;
       for (const auto& [name, field] : kArrays)
         if (k == name && (backward || name != "dlse")) {
-          a.*field = optional(nb::borrow<nb::object>(value), std::string(name).c_str(), keep);
+          const nb::object o = nb::borrow<nb::object>(value);
+          a.*field = !backward && name == "lse_lo" ? written(o, "lse_lo", keep_out)
+                                                   : optional(o, std::string(name).c_str(), keep);
           found = true;
         }
       if (!found)
@@ -184,9 +199,10 @@ constexpr ArrayView CallArgs::* kPositional[] = {&CallArgs::q,   &CallArgs::k,  
 Counts call(std::initializer_list<ArrayView> arrays, const nb::kwargs& kw, bool backward) {
   CallArgs a;
   std::vector<In> keep;
+  std::vector<Out> keep_out;
   const ArrayView* x = arrays.begin();
   for (size_t i = 0; i < arrays.size(); ++i) a.*kPositional[i] = x[i];
-  keywords(a, kw, backward, keep);
+  keywords(a, kw, backward, keep, keep_out);
   KernelCall c;
   const Status s = backward ? build_backward(a, c) : build_forward(a, c);
   if (s.kind != Status::ok) raise(s);

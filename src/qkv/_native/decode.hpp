@@ -347,13 +347,18 @@ static inline void dec_softmax_plain(const Params& P, const LaneGroup& lg, int64
   for (int l = 0; l < kLanes; ++l) rs[l] = C(0);
   for (int l = 0; l < n; ++l) {
     const V m = vset1<V>(mu[l]);
-    V sum = vzero<V>();
-    for (int64_t jb = 0; jb < jv; jb += kLanes) {
-      const V p = vexp2(vsub(vload(sc + l * lds + jb), m));
-      vstore(sc + l * lds + jb, p);
-      sum = vadd(sum, p);
-    }
-    rs[l] = vhsum(sum);
+    // the lanes' sums compensated, and added across lanes in float64: a running sum in the lane
+    // of the row's largest P lost every small one after it (attention_fwd.hpp's tile_sum)
+    const V sum = tile_sum<V>(jv / kLanes, [&](int64_t x) {
+      const V p = vexp2(vsub(vload(sc + l * lds + x * kLanes), m));
+      vstore(sc + l * lds + x * kLanes, p);
+      return p;
+    });
+    alignas(64) C t[kLanes];
+    vstore(t, sum);
+    double total = 0;
+    for (int i = 0; i < kLanes; ++i) total += double(t[i]);
+    rs[l] = C(total);
   }
   kahan_add(l_run, lc, vload(rs), alpha);
   vstore(m_run, m_new);

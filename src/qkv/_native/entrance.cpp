@@ -406,6 +406,10 @@ void check_forward(KernelCall& c, const CallArgs& a) {
   check_result(a.lse, "lse", {P.B, P.H, P.Nq}, kLse, acc);
   P.out = writable(a.out);
   P.lse = writable(a.lse);
+  if (a.lse_lo.given()) {
+    check_result(a.lse_lo, "lse_lo", {P.B, P.H, P.Nq}, kLse, acc);
+    P.lse_lo = writable(a.lse_lo);
+  }
 }
 
 // An input of the backward in q's dtype, shaped (B, H, Nq, Dv), read row by row.
@@ -431,6 +435,13 @@ void check_backward(KernelCall& c, const CallArgs& a) {
   DType got;
   if (!float_dtype(a.lse.type, got) || got != acc)
     dtype_error(std::string("lse must be ") + dtype_str(acc) + ", got " + elem_name(a.lse.type));
+  if (a.lse_lo.given()) {
+    need_ndim(a.lse_lo, "lse_lo", 3, kLse);
+    need_shape(a.lse_lo, "lse_lo", {P.B, P.H, P.Nq}, kLse);
+    if (!float_dtype(a.lse_lo.type, got) || got != acc)
+      dtype_error(std::string("lse_lo must be ") + dtype_str(acc) + ", got " + elem_name(a.lse_lo.type));
+    P.lse_lo_s = strided(a.lse_lo);
+  }
   if (a.dlse.given()) {
     need_ndim(a.dlse, "dlse", 3, kLse);
     need_shape(a.dlse, "dlse", {P.B, P.H, P.Nq}, kLse);

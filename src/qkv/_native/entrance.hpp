@@ -67,10 +67,12 @@ struct ModArg {
 };
 
 // Everything one forward or backward call passes to the kernel. Forward: out (B, H, Nq, Dv) and
-// lse (B, H, Nq) are written. Backward: out, lse, dout and dlse are read; dq, dk, dv written.
+// lse (B, H, Nq) are written, and lse_lo when given. Backward: out, lse, lse_lo (optional), dout
+// and dlse are read; dq, dk, dv written.
 struct CallArgs {
   ArrayView q, k, v;       // (B, H, Nq, Dk), (B, Hkv, Nk, Dk), (B, Hkv, Nk, Dv)
   ArrayView out, lse;      // (B, H, Nq, Dv), (B, H, Nq)
+  ArrayView lse_lo;        // optional (B, H, Nq) in lse's dtype: lse's rounding residual (params.hpp)
   ArrayView dout, dlse;    // backward: (B, H, Nq, Dv), optional (B, H, Nq)
   ArrayView dq, dk, dv;    // backward: shaped as q, k, v; float32 (float64 for float64)
   ArrayView tile_class;    // int8 (Bm, Hm, nbq, nbk)

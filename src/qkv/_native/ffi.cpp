@@ -7,12 +7,15 @@
 //
 // Operands, in order (every one dense and row-major, as XLA hands them over):
 //   forward:  q (B, H, Nq, Dk), k (B, Hkv, Nk, Dk), v (B, Hkv, Nk, Dv)
-//   backward: the same, then out (B, H, Nq, Dv), lse (B, H, Nq), dout (B, H, Nq, Dv), [dlse (B, H, Nq)]
+//   backward: the same, then out (B, H, Nq, Dv), lse (B, H, Nq), lse_lo (B, H, Nq), dout (B, H, Nq, Dv),
+//             [dlse (B, H, Nq)]
 //   then, as the attributes say: the mask (`mask`, a MaskKind: rows (Bm, Hm, Nq, 2) int32, or
 //   tile_class (Bm, Hm, nbq, nbk) int8 + bitmap_index (same, int32) + bitmaps (n, BQ, words) uint64),
 //   [bias (B|1, H|1, Nq|1, Nk)], [k_scale, v_scale (B|1, Hkv|1, Nk|1) float32 when kv_format is not
 //   native], and one table per alibi / relbias score mod.
-// Results: forward out (q's dtype) and lse; backward dq, dk, dv (float32; float64 for float64).
+// Results: forward out (q's dtype), lse and, when a third result is asked for, lse_lo (lse's rounding
+// residual, params.hpp; zeros as the backward's operand: lse as it is); backward dq, dk, dv
+// (float32; float64 for float64).
 // jax.vmap batches the call with every operand broadcast to the mapped axes (vmap_method
 // "broadcast_all"): leading axes beyond an operand's own are walked here, merged into B (one
 // kernel call over all of them) where every operand allows it, else one kernel call per index.
@@ -171,13 +174,15 @@ ffi::Error handle(ffi::RemainingArgs args, ffi::RemainingRets rets, Attrs a) {
   std::vector<Slot> ins{{"q", 4, true, &CallArgs::q}, {"k", 4, true, &CallArgs::k}, {"v", 4, true, &CallArgs::v}};
   std::vector<Slot> outs;
   if (Backward) {
-    ins.insert(
-        ins.end(),
-        {{"out", 4, true, &CallArgs::out}, {"lse", 3, true, &CallArgs::lse}, {"dout", 4, true, &CallArgs::dout}});
+    ins.insert(ins.end(), {{"out", 4, true, &CallArgs::out},
+                           {"lse", 3, true, &CallArgs::lse},
+                           {"lse_lo", 3, true, &CallArgs::lse_lo},
+                           {"dout", 4, true, &CallArgs::dout}});
     if (a.has_dlse) ins.push_back({"dlse", 3, true, &CallArgs::dlse});
     outs = {{"dq", 4, true, &CallArgs::dq}, {"dk", 4, true, &CallArgs::dk}, {"dv", 4, true, &CallArgs::dv}};
   } else {
     outs = {{"out", 4, true, &CallArgs::out}, {"lse", 3, true, &CallArgs::lse}};
+    if (rets.size() == 3) outs.push_back({"lse_lo", 3, true, &CallArgs::lse_lo});
   }
   if (a.mask == MASK_ROWS) {
     ins.push_back({"rows", 4, true, &CallArgs::rows});

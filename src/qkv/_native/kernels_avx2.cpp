@@ -66,13 +66,6 @@ static inline MF vle(VF x, VF y) { return {_mm256_cmp_ps(x.a, y.a, _CMP_LE_OQ), 
 static inline MF veq(VF x, VF y) { return {_mm256_cmp_ps(x.a, y.a, _CMP_EQ_OQ), _mm256_cmp_ps(x.b, y.b, _CMP_EQ_OQ)}; }
 static inline MF vand(MF x, MF y) { return {_mm256_and_ps(x.a, y.a), _mm256_and_ps(x.b, y.b)}; }
 static inline VF vsel(MF m, VF x, VF y) { return {_mm256_blendv_ps(y.a, x.a, m.a), _mm256_blendv_ps(y.b, x.b, m.b)}; }
-static inline float vhsum(VF x) {
-  __m256 s = _mm256_add_ps(x.a, x.b);
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_movehdup_ps(h));
-  return _mm_cvtss_f32(h);
-}
 
 // Decode (decode.hpp): lane j = the sum of z[j]'s 8 lanes, by a transposing tree (pairs
 // interleaved and added at 32-bit, 64-bit, then 128-bit granularity); vsum16: the same over 16.
@@ -178,13 +171,6 @@ static inline VD vsel(MD m, VD x, VD y) {
 #undef QKV_CMP_LE
 #undef QKV_CMP_EQ
 #undef QKV_D4
-static inline double vhsum(VD x) {
-  alignas(64) double t[16];
-  vstore(t, x);
-  double s = 0;
-  for (int i = 0; i < 16; ++i) s += t[i];
-  return s;
-}
 // float64 path: correctness over speed, libm's exp2 per lane
 static inline VD vexp2(VD x) {
   alignas(64) double t[16];

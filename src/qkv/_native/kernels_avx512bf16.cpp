@@ -287,8 +287,8 @@ template <>
 void fwd_rowset<bf16_t>(const Params& P, FwdBufs<bf16_t>& S, const LaneGroup* lgs, int nlg, int64_t ka, int64_t kz,
                         uint8_t (*fl)[kLanes]) {
   if (P.kv_format != KvFormat::native)  // a quantized cache: dequantised to float32 tiles (quant.hpp)
-    return fwd_tiles<WideDot<bf16_t>>(P, S, lgs, nlg, ka, kz, fl);
-  fwd_tiles<Bf16Dot>(P, S, lgs, nlg, ka, kz, fl);
+    return fwd_tiles(P, S, lgs, nlg, ka, kz, fl, WideDot<bf16_t>{&P, &S});
+  fwd_tiles(P, S, lgs, nlg, ka, kz, fl, Bf16Dot{&P, &S});
 }
 
 // ------------------------------------------------------------------ the backward's dot products
@@ -313,6 +313,7 @@ void fwd_rowset<bf16_t>(const Params& P, FwdBufs<bf16_t>& S, const LaneGroup* lg
 struct Bf16Bwd {
   static constexpr int64_t kKeyStep = 2;  // dS^T key pairs meet K's pairs packed from the tile's start
   static constexpr int64_t W = BwdBufs<bf16_t>::W;
+  static constexpr bool kExactDp = false;  // bf16 dP^T: its rounding is bf16's, not the cancellation's
   const Params* P;
   BwdBufs<bf16_t>* S;
   const uint16_t* kp = nullptr;

@@ -175,9 +175,55 @@ static void bwd_task(void* ctx, int tid) {
 // (Nq <= kDecodeMaxNq): its dot products sum d across lanes, so its lse differs from the scores this
 // backward rebuilds by a few ulps of |s| (P up to 6x torch's float32 error at Nq = 1, Dk = 256); its
 // extra pass costs little beside a backward over every key for so few rows.
+// A refined row's D_i = rowsum(dO o O) - dlse_i (the backward's row_delta) is summed from that
+// tile loop's O too: the forward's out came from the other order's P, and in a nearly one-hot row
+// D ~ dP_ij, where their difference stayed whole in dS = P o (dP - D) (dQ, dK 4-10x torch's
+// float32 error at Nq = 1, Dk = 256 on the AVX2 and portable paths).
 // The refined row keeps what the given lse holds beyond this kernel's keys (attention_backward with
 // sinks: their mass) where that exceeds what rounding may explain (two sums of Dk products of |q|
 // and |k| in another order); within it, the given lse's difference is rounding, and is dropped.
+// The tile loop's dot products for a refined row's D_i = sum_j P_ij dP_ij (Alg. 2 line 4 as
+// torch's softmax backward sums it), in float64: S^T as WideDot (so P is the backward's own, made
+// of the same scores), and in place of O^T += V^T P^T a per-lane float64 running sum of
+// P_ij (dO_i . v_j), rescaled by the same alpha as l. D = rowsum(dO o O) read the float32 O,
+// whose rounding (~ulp(|O|) a feature, times |dO| over Dv) is not the P that dS = P o (dP - D)
+// multiplies: in a row of a few keys, dS's sum strayed from 0 by that much and dQ, dK measured
+// 4-7x torch's float32 error (tests/test_accumulation.py, rows of Nq <= 16). One lane group.
+//   dot_t  dO^T [Dv][16] of the lane group, float64 (zero beyond its rows)
+//   d      the running sums [16], float64
+template <class T>
+struct DeltaDot : WideDot<T> {
+  using C = typename Compute<T>::type;
+  using V = typename VecOf<C>::V;
+  double* dot_t = nullptr;
+  double* d = nullptr;
+
+  void load_q(const LaneGroup& lg, int g, uint8_t* fl) {
+    WideDot<T>::load_q(lg, g, fl);
+    const Params& P = *this->P;
+    for (int l = 0; l < kLanes; ++l) {
+      const T* drow =
+          static_cast<const T*>(P.dout) + lg.b * P.dout_s.s0 + lg.h[l] * P.dout_s.s1 + lg.i[l] * P.dout_s.s2;
+      for (int64_t e = 0; e < P.Dv; ++e) dot_t[e * kLanes + l] = l < lg.n ? double(to_c<C>(drow[e])) : 0.0;
+      d[l] = 0.0;
+    }
+  }
+  void pv(C* pt, int, int64_t off, int64_t n, V alpha) const {
+    alignas(64) C al[kLanes];
+    vstore(al, alpha);
+    double acc[kLanes] = {};
+    for (int64_t jj = 0; jj < n; ++jj) {
+      const C* vr = this->vp + (off + jj) * this->ldv;
+      double w[kLanes] = {};
+      for (int64_t e = 0; e < this->P->Dv; ++e)
+        for (int l = 0; l < kLanes; ++l) w[l] += double(vr[e]) * dot_t[e * kLanes + l];
+      for (int l = 0; l < kLanes; ++l) acc[l] += double(pt[jj * kLanes + l]) * w[l];
+    }
+    for (int l = 0; l < kLanes; ++l) d[l] = d[l] * double(al[l]) + acc[l];
+  }
+  void pv2(C*, C*, int, int64_t, int64_t, V, V) const { __builtin_unreachable(); }  // one lane group
+};
+
 template <class T>
 struct LseJob {
   using C = typename Compute<T>::type;
@@ -187,7 +233,10 @@ struct LseJob {
   int64_t n = 0, next = 0;
   double score_bound = 0;   // max |k| |scale| (times the mods' factors): a score per unit of |q|_1
   Owned<C> rows;            // (B*H*Nq, 2): m, log l; m NaN where the given lse stays
+  Owned<double> delta;      // (B*H*Nq): D_i of the refined rows (DeltaDot); NaN where out's stays
   Owned<uint8_t> kv_state;  // the forward's K/V tile verdicts (finite.hpp), for its tile loop
+  Owned<double> dbuf;       // per thread: DeltaDot's dO^T [Dv][16] and sums [16]
+  static int64_t dbuf_size(const Params& P) { return (P.Dv + 1) * kLanes; }
 };
 
 template <class T>
@@ -200,6 +249,8 @@ static void lse_task(void* ctx, int tid) {
   const int64_t nlg = (P.Nq + kLanes - 1) / kLanes, group = P.H / P.Hkv;
   const double unit = score_unit(P);
   const C* lse = static_cast<const C*>(P.lse_s.data);
+  const C* lse_lo = static_cast<const C*>(P.lse_lo_s.data);
+  double* dbuf = J.dbuf.get() + tid * LseJob<T>::dbuf_size(P);
   for (;;) {
     const int64_t it = __atomic_fetch_add(&J.next, 1, __ATOMIC_RELAXED);
     if (it >= J.n) break;
@@ -216,11 +267,17 @@ static void lse_task(void* ctx, int tid) {
     row_key_range(P, &lg, 1, ka, kz);
     if (P.tile_class) ka = ka / P.bk * P.bk;
     uint8_t fl[1][kLanes] = {};
-    fwd_rowset<T>(P, S, &lg, 1, ka, kz, fl);
+    // bf16: its own dot products (the backward's), and D from their O; else D in float64 (DeltaDot)
+    constexpr bool kDeltaDot = !std::is_same_v<T, bf16_t>;
+    if constexpr (kDeltaDot)
+      fwd_tiles(P, S, &lg, 1, ka, kz, fl, DeltaDot<T>{{&P, &S}, dbuf, dbuf + P.Dv * kLanes});
+    else
+      fwd_rowset<T>(P, S, &lg, 1, ka, kz, fl);
     for (int l = 0; l < lg.n; ++l) {
       const C m = S.ml[l], sum = S.ml[kLanes + l];
       if (fl[0][l] || !(sum > C(0)) || !std::isfinite(m) || !std::isfinite(sum)) continue;
-      const double given = double(lse[b * P.lse_s.s0 + h * P.lse_s.s1 + (i0 + l) * P.lse_s.s2]);
+      double given = double(lse[b * P.lse_s.s0 + h * P.lse_s.s1 + (i0 + l) * P.lse_s.s2]);
+      if (lse_lo) given += double(lse_lo[b * P.lse_lo_s.s0 + h * P.lse_lo_s.s1 + (i0 + l) * P.lse_lo_s.s2]);
       const double log_l = std::log2(double(sum)), excess = given - (double(m) * unit + log_l) * kLn2;
       // what the scores' rounding may move lse by: two sums of Dk products in any order
       const T* qrow = static_cast<const T*>(P.q.data) + b * P.q.s0 + h * P.q.s1 + (i0 + l) * P.q.s2;
@@ -228,9 +285,23 @@ static void lse_task(void* ctx, int tid) {
       for (int64_t d = 0; d < P.Dk; ++d) q1 += std::fabs(double(to_c<C>(qrow[d])));
       const double slack = 2 * double(P.Dk) * double(std::numeric_limits<C>::epsilon()) * q1 * J.score_bound +
                            4 * double(std::numeric_limits<C>::epsilon()) * std::fabs(given);
-      C* f = J.rows.get() + 2 * ((b * P.H + h) * P.Nq + i0 + l);
+      const int64_t row = (b * P.H + h) * P.Nq + i0 + l;
+      C* f = J.rows.get() + 2 * row;
       f[0] = m;
       f[1] = C((log_l + (excess > slack ? excess * kLog2e : 0.0)) / unit);  // beyond the rounding: sinks' mass
+      if (excess > slack) continue;  // O over this kernel's keys is not the out given: D from out
+      // D = sum_j P_ij dP_ij: DeltaDot's sum, or (bf16) from O^T [Dv][16] of the lane group (fwd_finish's
+      // o / l) as row_delta sums it; either over the row's l
+      double acc = 0;
+      if constexpr (kDeltaDot) {
+        acc = dbuf[P.Dv * kLanes + l];
+      } else {
+        const T* drow = static_cast<const T*>(P.dout) + b * P.dout_s.s0 + h * P.dout_s.s1 + (i0 + l) * P.dout_s.s2;
+        for (int64_t d = 0; d < P.Dv; ++d) acc += double(S.ot[d * kLanes + l]) * double(to_c<C>(drow[d]));
+      }
+      acc /= double(sum);
+      if (P.dlse) acc -= load_any(P.dlse, b * P.dlse_s.s0 + h * P.dlse_s.s1 + (i0 + l) * P.dlse_s.s2, P.dlse_dtype);
+      J.delta[row] = acc;
     }
   }
 }
@@ -275,14 +346,18 @@ static bool refine_lse(const Params& P, Params& Q, LseJob<T>& J) {
   J.score_bound = kmax * factor;
   const int64_t rows = P.B * P.H * P.Nq;
   J.rows = owned_malloc<C>(size_t(2 * rows));
+  J.delta = owned_malloc<double>(size_t(rows));
   J.kv_state = owned_calloc<uint8_t>(size_t(P.B * P.Hkv * P.nbk));
   Q.kv_state = J.kv_state.get();
   J.P = &Q;
   const int nt = int(imax(1, imin(P.parallel ? P.threads : 1, J.n)));
-  if (!J.rows || !J.kv_state || !J.arena.alloc(nt, FwdBufs<T>::bytes(Q))) return false;
+  J.dbuf = owned_malloc<double>(size_t(nt * LseJob<T>::dbuf_size(P)));
+  if (!J.rows || !J.delta || !J.kv_state || !J.dbuf || !J.arena.alloc(nt, FwdBufs<T>::bytes(Q))) return false;
   for (int64_t r = 0; r < 2 * rows; ++r) J.rows[r] = C(NAN);
+  for (int64_t r = 0; r < rows; ++r) J.delta[r] = NAN;
   run_parallel(Q, nt, &lse_task<T>, &J);
   Q.lse_rows = J.rows.get();
+  Q.delta_rows = J.delta.get();
   return true;
 }
 

@@ -72,7 +72,6 @@ static inline VF vsel(MF m, VF x, VF y) {
   return {vbslq_f32(m.a, x.a, y.a), vbslq_f32(m.b, x.b, y.b), vbslq_f32(m.c, x.c, y.c), vbslq_f32(m.d, x.d, y.d)};
 }
 #undef QKV_F4
-static inline float vhsum(VF x) { return vaddvq_f32(vaddq_f32(vaddq_f32(x.a, x.b), vaddq_f32(x.c, x.d))); }
 
 // 2^x for 4 floats (exp2.hpp), 2^n added to the exponent field. NaN stays NaN (fmax / fmin
 // return it, n converts to 0).
@@ -124,11 +123,6 @@ static inline MD vand(MD x, MD y) { QKV_M8(vandq_u64(x.v[i], y.v[i])); }
 static inline VD vsel(MD m, VD x, VD y) { QKV_D8(vbslq_f64(m.v[i], x.v[i], y.v[i])); }
 #undef QKV_D8
 #undef QKV_M8
-static inline double vhsum(VD x) {
-  float64x2_t s = x.v[0];
-  for (int i = 1; i < 8; ++i) s = vaddq_f64(s, x.v[i]);
-  return vaddvq_f64(s);
-}
 // float64 path: correctness over speed, libm's exp2 per lane (as the x86 paths)
 static inline VD vexp2(VD x) {
   alignas(64) double t[16];

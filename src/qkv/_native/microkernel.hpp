@@ -51,14 +51,16 @@ static inline __attribute__((always_inline)) void kahan_add(C* __restrict c, C* 
 
 // Reductions of more than kChain terms (STORE, ACC) are summed in chains of kChain, each added to C
 // in turn: a two-level sum, whose rounding grows as ~kChain + n / kChain instead of one chain's ~n
-// over the reduction (Higham, "Accuracy and Stability of Numerical Algorithms", ch. 4). One chain
-// over Dk = 256 features measured ~2x the score error of torch's float32 matmul (which splits its
-// reductions) and 2.0-2.5x its output error. Up to kChain terms (Dk <= 64, key tiles of up to 64)
-// it is one chain as before, bit for bit: chains of 16 measured no gain there, and moved the
-// rounding residues of near-one-hot rows' gradients beyond flash-attn's rule
-// (tests/test_accumulation.py). KAHAN blocks keep their one chain: their reduction is one tile's
-// keys or rows, added compensated.
-constexpr int64_t kChain = 64;
+// over the reduction (Higham, "Accuracy and Stability of Numerical Algorithms", ch. 4). torch's
+// float32 matmul splits its reductions too: one chain over Dk = 59 features measured 1.7x its RMS
+// score error (Dk = 256: ~2x), and on flash-attn's softcap / window case (|q| x 12.5, 1-3 keys a
+// row) 4.5x its output error (tests/test_accumulation.py); chains of 16 measured torch's error.
+// Up to kChain terms (a reduction over 16 features, keys or rows) it is one chain.
+// KAHAN blocks keep their one chain: their reduction is one tile's keys or rows, added
+// compensated.
+constexpr int64_t kChain = 16;
+constexpr int64_t kOneChainMax = 32;
+static inline int64_t chain_of(int64_t R) { return R <= kOneChainMax ? (R > 0 ? R : 1) : kChain; }
 
 template <class V, int NRm, int MODE, class C>
 static inline __attribute__((always_inline)) void mk_block(C* __restrict Cp, int64_t ldc, const C* __restrict A,
@@ -78,8 +80,9 @@ static inline __attribute__((always_inline)) void mk_block(C* __restrict Cp, int
 #pragma GCC unroll 16
     for (int m = 0; m < NRm; ++m) kahan_add(Cp + m * ldc, Kp + m * ldc, acc[m], am ? vset1<V>(am[m]) : alpha);
   } else {
-    for (int64_t r0 = 0; r0 < R || r0 == 0; r0 += kChain) {
-      const int64_t r1 = R < r0 + kChain ? R : r0 + kChain;
+    const int64_t chain = chain_of(R);
+    for (int64_t r0 = 0; r0 < R || r0 == 0; r0 += chain) {
+      const int64_t r1 = R < r0 + chain ? R : r0 + chain;
       const bool from_c = MODE == ACC && r0 == 0;  // the first chain continues C's sum
 #pragma GCC unroll 16
       for (int m = 0; m < NRm; ++m) acc[m] = from_c ? vload(Cp + m * ldc) : vzero<V>();
@@ -155,7 +158,7 @@ static inline __attribute__((always_inline)) void mk_block2(C* __restrict C0, C*
                                                             int64_t R, C* __restrict K0, C* __restrict K1, V alpha0,
                                                             V alpha1) {
   V acc0[NRm], acc1[NRm];
-  const int64_t chain = MODE == KAHAN ? (R > 0 ? R : 1) : kChain;  // chains of kChain (mk_block)
+  const int64_t chain = MODE == KAHAN ? (R > 0 ? R : 1) : chain_of(R);  // chains of kChain (mk_block)
   for (int64_t r0 = 0; r0 < R || r0 == 0; r0 += chain) {
     const int64_t r1 = R < r0 + chain ? R : r0 + chain;
 #pragma GCC unroll 16

@@ -107,11 +107,16 @@ struct Params {
   // outputs (C-contiguous): out (B,H,Nq,Dv) dtype; lse (B,H,Nq) float32 or float64 (f64 inputs)
   void* out = nullptr;
   void* lse = nullptr;
+  // optional (B,H,Nq), lse's dtype: lse_lo = (lse as computed) - lse, the rounding of the written lse
+  // (below ulp(lse) / 2), kept for the backward, which rebuilds P from lse + lse_lo: lse's rounding
+  // alone shifts every P of its row by up to ulp(lse) / 2 (1.9e-6 relative at |lse| ~ 40)
+  void* lse_lo = nullptr;
   // backward only
   const void* dout = nullptr;
-  Strided dout_s;  // (B,H,Nq,Dv) dtype, last stride 1
-  Strided out_s;   // out as input of backward (strided)
-  Strided lse_s;   // lse as input of backward (float32/64 per dtype)
+  Strided dout_s;    // (B,H,Nq,Dv) dtype, last stride 1
+  Strided out_s;     // out as input of backward (strided)
+  Strided lse_s;     // lse as input of backward (float32/64 per dtype)
+  Strided lse_lo_s;  // optional: the forward's lse_lo (data nullptr: absent, lse as given)
   const void* dlse = nullptr;
   Strided dlse_s;
   DType dlse_dtype = DType::f32;
@@ -128,6 +133,9 @@ struct Params {
   // backward, set by the kernel itself: (B*H*Nq, 2) compute-type (m, log l) of the rows whose lse is
   // too large for its dtype (kernels_impl.hpp, refine_lse); NaN m: the row uses lse as given
   const void* lse_rows = nullptr;
+  // and their (B*H*Nq) float64 D_i = rowsum(dO o O) - dlse_i from the O of that same tile loop (NaN:
+  // the row's D from out)
+  const double* delta_rows = nullptr;
 };
 
 // One table per ISA translation unit (kernels_<isa>.cpp); dispatch.cpp picks one.

@@ -63,7 +63,6 @@ static inline MF vle(VF x, VF y) { return {_mm512_cmp_ps_mask(x.a, y.a, _CMP_LE_
 static inline MF veq(VF x, VF y) { return {_mm512_cmp_ps_mask(x.a, y.a, _CMP_EQ_OQ)}; }
 static inline MF vand(MF x, MF y) { return {__mmask16(x.a & y.a)}; }
 static inline VF vsel(MF m, VF x, VF y) { return {_mm512_mask_blend_ps(m.a, y.a, x.a)}; }
-static inline float vhsum(VF x) { return _mm512_reduce_add_ps(x.a); }
 
 // Decode (decode.hpp): lane j = the sum of a[j]'s 16 lanes, by a transposing tree (pairs of
 // vectors interleaved and added at 32-bit, 64-bit, then twice at 128-bit granularity): 15 adds
@@ -151,7 +150,6 @@ static inline MD vand(MD x, MD y) { return {__mmask8(x.a & y.a), __mmask8(x.b & 
 static inline VD vsel(MD m, VD x, VD y) {
   return {_mm512_mask_blend_pd(m.a, y.a, x.a), _mm512_mask_blend_pd(m.b, y.b, x.b)};
 }
-static inline double vhsum(VD x) { return _mm512_reduce_add_pd(_mm512_add_pd(x.a, x.b)); }
 static inline VD vexp2(VD x) {  // float64: correctness over speed
   alignas(64) double t[16];
   vstore(t, x);
