@@ -9,7 +9,7 @@ right and left padding, ``output_attentions`` for every sequence, every paramete
 class: its inputs, the layer kinds built, the dtypes compared and what happened: *matches* eager
 (or all but ``output_attentions``, by the model's own convention), *refused* (qkv raised
 ``ArgumentError``: the reason), *never calls qkv*, *not built here* (the reason, summed by kind:
-transformers' own, withheld, the sweep's), or *differs* (a bug: the sweep's test fails).
+transformers' own, the sweep's), or *differs* (a bug: the sweep's test fails).
 ``tests/test_transformers_sweep.py`` (slow) checks that the table says what the sweep finds.
 
     .venv/bin/python scripts/transformers_table.py            # rewrite the table in the docs
@@ -76,10 +76,9 @@ UNBUILT = (
     ("transformers' default config does not build it", "transformers' default config does not build the class"),
     ("defines no forward", "the class has no forward"),
     ("transformers: ", "its forward fails in transformers' own code for any input"),
-    ("FULL_BACKBONES", "withheld: its full-size backbone kept (`hf_shrink.FULL_BACKBONES`)"),
 )
-"""Why a class is not built, by the words its row gives: transformers' own reasons, then the
-sweep's withheld backbones; any other row is the sweep's own shortfall (its tiny config or inputs)."""
+"""Why a class is not built, by the words its row gives: transformers' own reasons; any other row
+is the sweep's own shortfall (its tiny config or inputs)."""
 
 
 def unbuilt(found: list[tuple[str, ...]]) -> str:

@@ -308,12 +308,6 @@ CHOICES = {"use_timm_backbone": False, "use_pretrained_backbone": False}
 """Choices a default config makes that need what this machine lacks: a timm backbone (timm is not
 installed) or pretrained weights (nothing downloads); transformers' own backbone instead."""
 
-FULL_BACKBONES = frozenset({"detr", "conditional_detr"})
-"""Model types whose ResNet-50 backbone (built by transformers in place of timm's) is kept at full
-size, over ``MAX_PARAMETERS``: shrunk, their gradients differ from eager's, where softmax rows are
-one-hot at scores ~1e6 (eager's backward cancels to 0 there, qkv's leaves float32 rounding that the
-large keys scale up); withheld until the kernel's backward is fixed."""
-
 PLACES = {"attn_layer_indices": [1]}
 """Per-layer choices a default config leaves None that a checkpoint sets: Bamba's attention layers
 (none by default: a model of mamba layers only, which transformers' own cache cannot serve)."""
@@ -586,7 +580,7 @@ def shrunk(config: Any, depth: int, own: bool = False) -> Any:
     """``config``'s class built again with every size of ``SIZES`` and ``depth`` layers (sizes its
     own validation asks for set as it asks: ``RULES``); ``own``: a sub-config, whose other values
     its parent chose are kept (``_chosen``). A sub-config the constructor makes itself (the
-    ResNet-50 DETR builds in place of a timm backbone) is shrunk too, but for ``FULL_BACKBONES``."""
+    ResNet-50 DETR builds in place of a timm backbone) is shrunk too."""
     from transformers import PretrainedConfig
 
     kw = _overrides(config, depth, _own_depth(config))
@@ -599,7 +593,7 @@ def shrunk(config: Any, depth: int, own: bool = False) -> Any:
             pass
     built = built if built is not None else _built(config, kw)
     made = [n for n, v in kw.items() if v is None and isinstance(getattr(built, n, None), PretrainedConfig)]
-    if not made or config.model_type in FULL_BACKBONES:
+    if not made:
         return built
     return _built(config, {**kw, **{n: shrunk(getattr(built, n), depth) for n in made}})
 

@@ -48,7 +48,7 @@ from typing import Any, NamedTuple
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from hf_inputs import candidates, fresh, prepare  # noqa: E402
-from hf_shrink import FULL_BACKBONES, MAX_PARAMETERS, named_kinds, tiny  # noqa: E402
+from hf_shrink import MAX_PARAMETERS, named_kinds, tiny  # noqa: E402
 
 NEW = 4
 TOL = 1e-4
@@ -508,10 +508,6 @@ def _check(model_type: str, auto: str, kind: str, cls: str = "") -> Outcome:
     try:
         built = tiny(model_type, head)
         made["kinds"] = ", ".join(named_kinds(built.kinds)) + f" ({built.depth} layers)"
-        if built.parameters > MAX_PARAMETERS and model_type in FULL_BACKBONES:
-            return outcome(
-                "unbuildable", f"{built.parameters:,} parameters: its ResNet-50 kept (hf_shrink.FULL_BACKBONES)"
-            )
         if built.parameters > MAX_PARAMETERS:
             return outcome("unbuildable", f"{built.parameters:,} parameters: a size hf_shrink.SIZES misses")
         config = built.config

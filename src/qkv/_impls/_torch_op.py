@@ -154,7 +154,7 @@ def attention_backward_op(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` in the compute dtype (FlashAttention-2, Algorithm 2, recomputed; P from
     lse + lse_lo when the forward's residual is given: the call's arguments, then lse_lo)."""
-    *call, lse_lo = rest if len(rest) > _N_CALL else (*rest, None)
+    call, lse_lo = (rest[:-1], rest[-1]) if len(rest) > _N_CALL else (rest, None)
     dq, dk, dv = _grads(q, k, v)
     a = _kernel_args(q, k, v, call)
     q_, k_, v_, o_, lse_, do_ = (x.detach() for x in (q, k, v, out, lse, dout.contiguous()))
