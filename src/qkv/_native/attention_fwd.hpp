@@ -125,29 +125,43 @@ static inline void load_qt(const Params& P, const LaneGroup& lg, C* qt, uint8_t*
 // the caller's O rescale. Dropout (inverted) is applied to P after the row sum, so l
 // and lse stay the pre-dropout ones.
 // sum_{x < n} p(x) per lane (a row's keys: one lane per query row here, a lane's keys in decode),
-// in pairs summed from zero, each pair added compensated (Kahan) to the sum. One running sum per
-// lane swallowed every small P_ij added after the row's largest (~1): each below half an ulp of 1
-// was lost whole, all with one sign, so l came out low (5e-7 relative on a softcap row whose
-// largest P is 0.955, 257 keys: dK 4x torch's float32 error; 5e-7 on a row of one dominant key
-// and 127 keys of ~5e-8, 8x torch's lse error). Now only the key paired with a dominant one can
-// be lost. The carry costs the loop no more latency per key than the plain sum's chain did (four
-// dependent adds a pair).
-template <class V, class F>
-static inline V tile_sum(int64_t n, F p) {
+// in pairs summed from zero, each pair added compensated (Kahan) to one of two sums (pairs
+// alternate), and the two sums added at the end. One running sum per lane swallowed every small
+// P_ij added after the row's largest (~1): each below half an ulp of 1 was lost whole, all with one
+// sign, so l came out low (5e-7 relative on a softcap row whose largest P is 0.955, 257 keys: dK 4x
+// torch's float32 error; 5e-7 on a row of one dominant key and 127 keys of ~5e-8, 8x torch's lse
+// error). Now only the key paired with a dominant one can be lost. A compensated add is four
+// dependent adds; two sums in turn keep the loop's chain at one add per key, the plain sum's
+// (one sum measured 1-2.5% of the dense forward on Zen 4).
+template <class V>
+struct Kahan {
   V sum = vzero<V>(), carry = vzero<V>();
-  const auto add = [&](V t) {
+  void add(V t) {
     const V y = vsub(t, carry);
     const V s = vadd(sum, y);
     carry = vsub(vsub(s, sum), y);
     sum = s;
-  };
-  int64_t x = 0;
-  for (; x + 2 <= n; x += 2) {
-    const V a = p(x), b = p(x + 1);
-    add(vadd(a, b));
   }
-  if (x < n) add(p(x));
-  return vsub(sum, carry);
+  V value() const { return vsub(sum, carry); }
+};
+
+template <class V, class F>
+static inline V tile_sum(int64_t n, F p) {
+  Kahan<V> k0, k1;
+  int64_t x = 0;
+  for (; x + 4 <= n; x += 4) {
+    const V a = p(x), b = p(x + 1), c = p(x + 2), d = p(x + 3);
+    k0.add(vadd(a, b));
+    k1.add(vadd(c, d));
+  }
+  if (x + 2 <= n) {
+    const V a = p(x), b = p(x + 1);
+    k0.add(vadd(a, b));
+    x += 2;
+  }
+  if (x < n) k1.add(p(x));
+  k0.add(k1.value());
+  return k0.value();
 }
 
 template <class T, class C>

@@ -26,6 +26,7 @@ struct MD {
 // Register blocking: 6 rows x 2 ymm = 12 float accumulators; 3 rows x 4 ymm = 12 for double.
 constexpr int NR_F = 6;
 constexpr int NR_D = 3;
+constexpr int kVecRegBytes = 16 * 32;  // ymm0-15
 
 template <class V>
 static inline V vzero();

@@ -29,6 +29,7 @@ struct MD {
 // accumulators to the stack in gcc 12's code); double: 2 rows x (8 + 1) + 8 = 26.
 constexpr int NR_F = 5;
 constexpr int NR_D = 2;
+constexpr int kVecRegBytes = 32 * 16;  // v0-v31
 
 template <class V>
 static inline V vzero();

@@ -25,6 +25,7 @@ struct MD {
 };
 constexpr int NR_F = 4;
 constexpr int NR_D = 2;
+constexpr int kVecRegBytes = 16 * 16;  // xmm0-15 of baseline x86-64; aarch64 has more, unused here
 
 #define QKV_LANES for (int i = 0; i < 16; ++i)
 template <class V>

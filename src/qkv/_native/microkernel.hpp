@@ -12,7 +12,7 @@
 // which is why the scores are kept transposed (keys x 16 queries): the softmax statistics of the
 // 16 queries are then plain vertical vector operations.
 // Expects, from the including kernels_<isa>.cpp: vector types VF / VD (16 float / double lanes),
-// with vzero, vset1, vload, vstore, vfma and NR_F / NR_D.
+// with vzero, vset1, vload, vstore, vfma, NR_F / NR_D and kVecRegBytes (the vector register file).
 #pragma once
 #include "params.hpp"
 
@@ -62,7 +62,23 @@ constexpr int64_t kChain = 16;
 constexpr int64_t kOneChainMax = 32;
 static inline int64_t chain_of(int64_t R) { return R <= kOneChainMax ? (R > 0 ? R : 1) : kChain; }
 
-template <class V, int NRm, int MODE, class C>
+// Where chains are several, their running totals stay in registers beside the chain's
+// accumulators, so a chain's end is NRm adds instead of a load, add and store of each C row
+// (through memory, chains of 16 over Dk = 64-128 cost the dense forward 4-10%, measured on Zen 4).
+// The sums and their order are the same either way, bit for bit. That doubles the registers a
+// block needs, so a block with totals keeps fewer rows: as many as kVecRegBytes (the ISA's
+// vector register file, from the including kernels_<isa>.cpp) holds beside the operands
+// (NG lane groups: NG accumulators and NG totals a row, NG operand vectors and the broadcast).
+// Where that is under 2/3 of the usual rows, the FMA latency would no longer be covered and the
+// totals go through memory instead.
+template <class V, int NG, int NR>
+struct ChainRows {
+  static constexpr int regs = kVecRegBytes / int(sizeof(V));
+  static constexpr int fit = (regs - NG - 1) / (2 * NG);
+  static constexpr int value = fit >= NR ? NR : (3 * fit >= 2 * NR ? fit : 0);
+};
+
+template <class V, int NRm, int MODE, bool REGS = false, class C>
 static inline __attribute__((always_inline)) void mk_block(C* __restrict Cp, int64_t ldc, const C* __restrict A,
                                                            int64_t sam, int64_t sar, const C* __restrict Bp,
                                                            int64_t ldb, int64_t R, C* __restrict Kp, V alpha,
@@ -80,6 +96,7 @@ static inline __attribute__((always_inline)) void mk_block(C* __restrict Cp, int
 #pragma GCC unroll 16
     for (int m = 0; m < NRm; ++m) kahan_add(Cp + m * ldc, Kp + m * ldc, acc[m], am ? vset1<V>(am[m]) : alpha);
   } else {
+    V tot[REGS ? NRm : 1];
     const int64_t chain = chain_of(R);
     for (int64_t r0 = 0; r0 < R || r0 == 0; r0 += chain) {
       const int64_t r1 = R < r0 + chain ? R : r0 + chain;
@@ -93,22 +110,44 @@ static inline __attribute__((always_inline)) void mk_block(C* __restrict Cp, int
         for (int m = 0; m < NRm; ++m) acc[m] = vfma(vset1<V>(a[m * sam]), b, acc[m]);
       }
       const bool add = r0 > 0;
+      if constexpr (REGS) {
 #pragma GCC unroll 16
-      for (int m = 0; m < NRm; ++m) vstore(Cp + m * ldc, add ? vadd(vload(Cp + m * ldc), acc[m]) : acc[m]);
+        for (int m = 0; m < NRm; ++m) tot[m] = add ? vadd(tot[m], acc[m]) : acc[m];
+      } else {
+#pragma GCC unroll 16
+        for (int m = 0; m < NRm; ++m) vstore(Cp + m * ldc, add ? vadd(vload(Cp + m * ldc), acc[m]) : acc[m]);
+      }
+    }
+    if constexpr (REGS) {
+#pragma GCC unroll 16
+      for (int m = 0; m < NRm; ++m) vstore(Cp + m * ldc, tot[m]);
     }
   }
 }
 
-template <class V, int K, int MODE, class C>
+template <class V, int K, int MODE, bool REGS = false, class C>
 static inline void mk_tail(int rem, C* Cp, int64_t ldc, const C* A, int64_t sam, int64_t sar, const C* Bp, int64_t ldb,
                            int64_t R, C* Kp, V alpha, const C* am) {
   if constexpr (K >= 1) {
     if (rem == K) {
-      mk_block<V, K, MODE>(Cp, ldc, A, sam, sar, Bp, ldb, R, Kp, alpha, am);
+      mk_block<V, K, MODE, REGS>(Cp, ldc, A, sam, sar, Bp, ldb, R, Kp, alpha, am);
       return;
     }
-    mk_tail<V, K - 1, MODE>(rem, Cp, ldc, A, sam, sar, Bp, ldb, R, Kp, alpha, am);
+    mk_tail<V, K - 1, MODE, REGS>(rem, Cp, ldc, A, sam, sar, Bp, ldb, R, Kp, alpha, am);
   }
+}
+
+template <int MODE, int NR, bool REGS, class C>
+static void gemm16m_rows(C* Cp, int64_t ldc, const C* A, int64_t sam, int64_t sar, const C* Bp, int64_t ldb, int64_t M,
+                         int64_t R, C* Kp, typename VecOf<C>::V alpha, const C* am) {
+  using V = typename VecOf<C>::V;
+  int64_t m = 0;
+  for (; m + NR <= M; m += NR)
+    mk_block<V, NR, MODE, REGS>(Cp + m * ldc, ldc, A + m * sam, sam, sar, Bp, ldb, R, Kp ? Kp + m * ldc : nullptr,
+                                alpha, am ? am + m : nullptr);
+  if (m < M)
+    mk_tail<V, NR - 1, MODE, REGS>(int(M - m), Cp + m * ldc, ldc, A + m * sam, sam, sar, Bp, ldb, R,
+                                   Kp ? Kp + m * ldc : nullptr, alpha, am ? am + m : nullptr);
 }
 
 template <int MODE, class C>
@@ -116,13 +155,10 @@ static void gemm16m(C* Cp, int64_t ldc, const C* A, int64_t sam, int64_t sar, co
                     int64_t R, C* Kp, typename VecOf<C>::V alpha, const C* am) {
   using V = typename VecOf<C>::V;
   constexpr int NR = VecOf<C>::NR;
-  int64_t m = 0;
-  for (; m + NR <= M; m += NR)
-    mk_block<V, NR, MODE>(Cp + m * ldc, ldc, A + m * sam, sam, sar, Bp, ldb, R, Kp ? Kp + m * ldc : nullptr, alpha,
-                          am ? am + m : nullptr);
-  if (m < M)
-    mk_tail<V, NR - 1, MODE>(int(M - m), Cp + m * ldc, ldc, A + m * sam, sam, sar, Bp, ldb, R,
-                             Kp ? Kp + m * ldc : nullptr, alpha, am ? am + m : nullptr);
+  constexpr int NRc = ChainRows<V, 1, NR>::value;
+  if constexpr (MODE != KAHAN && NRc > 0)
+    if (R > kOneChainMax) return gemm16m_rows<MODE, NRc, true>(Cp, ldc, A, sam, sar, Bp, ldb, M, R, Kp, alpha, am);
+  gemm16m_rows<MODE, NR, false>(Cp, ldc, A, sam, sar, Bp, ldb, M, R, Kp, alpha, am);
 }
 
 // C = (or +=) A B
@@ -151,13 +187,14 @@ struct Nr2 {
   static constexpr int value = NR >= 12 ? 10 : (NR / 2 > 0 ? NR / 2 : 1);
 };
 
-template <class V, int NRm, int MODE, class C>
+template <class V, int NRm, int MODE, bool REGS = false, class C>
 static inline __attribute__((always_inline)) void mk_block2(C* __restrict C0, C* __restrict C1, int64_t ldc,
                                                             const C* __restrict A, int64_t sam, int64_t sar,
                                                             const C* __restrict B0, const C* __restrict B1, int64_t ldb,
                                                             int64_t R, C* __restrict K0, C* __restrict K1, V alpha0,
                                                             V alpha1) {
   V acc0[NRm], acc1[NRm];
+  V tot0[REGS ? NRm : 1], tot1[REGS ? NRm : 1];
   const int64_t chain = MODE == KAHAN ? (R > 0 ? R : 1) : chain_of(R);  // chains of kChain (mk_block)
   for (int64_t r0 = 0; r0 < R || r0 == 0; r0 += chain) {
     const int64_t r1 = R < r0 + chain ? R : r0 + chain;
@@ -179,6 +216,13 @@ static inline __attribute__((always_inline)) void mk_block2(C* __restrict C0, C*
         kahan_add(C0 + m * ldc, K0 + m * ldc, acc0[m], alpha0);
         kahan_add(C1 + m * ldc, K1 + m * ldc, acc1[m], alpha1);
       }
+    } else if constexpr (REGS) {
+      const bool add = r0 > 0;
+#pragma GCC unroll 16
+      for (int m = 0; m < NRm; ++m) {
+        tot0[m] = add ? vadd(tot0[m], acc0[m]) : acc0[m];
+        tot1[m] = add ? vadd(tot1[m], acc1[m]) : acc1[m];
+      }
     } else {
       const bool add = r0 > 0;
 #pragma GCC unroll 16
@@ -188,18 +232,39 @@ static inline __attribute__((always_inline)) void mk_block2(C* __restrict C0, C*
       }
     }
   }
+  if constexpr (REGS && MODE != KAHAN) {
+#pragma GCC unroll 16
+    for (int m = 0; m < NRm; ++m) {
+      vstore(C0 + m * ldc, tot0[m]);
+      vstore(C1 + m * ldc, tot1[m]);
+    }
+  }
 }
 
-template <class V, int K, int MODE, class C>
+template <class V, int K, int MODE, bool REGS = false, class C>
 static inline void mk_tail2(int rem, C* C0, C* C1, int64_t ldc, const C* A, int64_t sam, int64_t sar, const C* B0,
                             const C* B1, int64_t ldb, int64_t R, C* K0, C* K1, V alpha0, V alpha1) {
   if constexpr (K >= 1) {
     if (rem == K) {
-      mk_block2<V, K, MODE>(C0, C1, ldc, A, sam, sar, B0, B1, ldb, R, K0, K1, alpha0, alpha1);
+      mk_block2<V, K, MODE, REGS>(C0, C1, ldc, A, sam, sar, B0, B1, ldb, R, K0, K1, alpha0, alpha1);
       return;
     }
-    mk_tail2<V, K - 1, MODE>(rem, C0, C1, ldc, A, sam, sar, B0, B1, ldb, R, K0, K1, alpha0, alpha1);
+    mk_tail2<V, K - 1, MODE, REGS>(rem, C0, C1, ldc, A, sam, sar, B0, B1, ldb, R, K0, K1, alpha0, alpha1);
   }
+}
+
+template <int MODE, int NR, bool REGS, class C>
+static void gemm16x2m_rows(C* C0, C* C1, int64_t ldc, const C* A, int64_t sam, int64_t sar, const C* B0, const C* B1,
+                           int64_t ldb, int64_t M, int64_t R, C* K0, C* K1, typename VecOf<C>::V alpha0,
+                           typename VecOf<C>::V alpha1) {
+  using V = typename VecOf<C>::V;
+  int64_t m = 0;
+  for (; m + NR <= M; m += NR)
+    mk_block2<V, NR, MODE, REGS>(C0 + m * ldc, C1 + m * ldc, ldc, A + m * sam, sam, sar, B0, B1, ldb, R,
+                                 K0 ? K0 + m * ldc : nullptr, K1 ? K1 + m * ldc : nullptr, alpha0, alpha1);
+  if (m < M)
+    mk_tail2<V, NR - 1, MODE, REGS>(int(M - m), C0 + m * ldc, C1 + m * ldc, ldc, A + m * sam, sam, sar, B0, B1, ldb, R,
+                                    K0 ? K0 + m * ldc : nullptr, K1 ? K1 + m * ldc : nullptr, alpha0, alpha1);
 }
 
 template <int MODE, class C>
@@ -208,13 +273,11 @@ static void gemm16x2m(C* C0, C* C1, int64_t ldc, const C* A, int64_t sam, int64_
                       typename VecOf<C>::V alpha1) {
   using V = typename VecOf<C>::V;
   constexpr int NR = Nr2<C>::value;
-  int64_t m = 0;
-  for (; m + NR <= M; m += NR)
-    mk_block2<V, NR, MODE>(C0 + m * ldc, C1 + m * ldc, ldc, A + m * sam, sam, sar, B0, B1, ldb, R,
-                           K0 ? K0 + m * ldc : nullptr, K1 ? K1 + m * ldc : nullptr, alpha0, alpha1);
-  if (m < M)
-    mk_tail2<V, NR - 1, MODE>(int(M - m), C0 + m * ldc, C1 + m * ldc, ldc, A + m * sam, sam, sar, B0, B1, ldb, R,
-                              K0 ? K0 + m * ldc : nullptr, K1 ? K1 + m * ldc : nullptr, alpha0, alpha1);
+  constexpr int NRc = ChainRows<V, 2, NR>::value;
+  if constexpr (MODE != KAHAN && NRc > 0)
+    if (R > kOneChainMax)
+      return gemm16x2m_rows<MODE, NRc, true>(C0, C1, ldc, A, sam, sar, B0, B1, ldb, M, R, K0, K1, alpha0, alpha1);
+  gemm16x2m_rows<MODE, NR, false>(C0, C1, ldc, A, sam, sar, B0, B1, ldb, M, R, K0, K1, alpha0, alpha1);
 }
 
 // C0 = A B0 and C1 = A B1

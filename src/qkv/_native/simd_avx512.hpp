@@ -28,6 +28,7 @@ struct MD {
 // 6 rows x 2 zmm = 12 for double.
 constexpr int NR_F = 12;
 constexpr int NR_D = 6;
+constexpr int kVecRegBytes = 32 * 64;  // zmm0-31
 
 template <class V>
 static inline V vzero();
