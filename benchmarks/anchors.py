@@ -11,6 +11,10 @@ has the lines); a peer whose package is absent is a row that says so. Workloads 
     W2  causal forward, same                        W4 bf16  the same in bfloat16
     W3  sliding window 256, causal, N=8192          W4mha  decode, 8/8 heads, D=64, 32k keys
                                                     W5  GQA prefill, causal, 32/8 heads, D=128, N=2048
+    W4q, W4mhaq  W4's and W4mha's decode with a small cache: each peer stores K and V in its own
+        8-bit format (qkv int8, fp8 E4M3 and E5M2, a scale per token and kv head; vLLM fp8 E4M3 and
+        E5M2, one scale per tensor; llama.cpp's ggml q8_0; ONNX Runtime's GroupQueryAttention int8,
+        a scale per channel), against the same float32 SDPA over the float K and V
 
 Method: each peer runs in its own process (its thread pool, its crashes and its memory stay
 there) with 2 threads set explicitly, against PyTorch SDPA in the same loop: rounds of SDPA, peer
@@ -19,8 +23,10 @@ there) with 2 threads set explicitly, against PyTorch SDPA in the same loop: rou
 small size of the same workload (every row) and at the benchmark size on a sample of rows; a peer
 that disagrees by more than 8x SDPA's own error (at least the dtype's spacing at 1) is reported,
 not timed. For decode, ``of floor`` = the time of a plain read of K and V (``read floor``, measured
-the same way) / the kernel's time. The header records the CPU, its ISA, qkv's ISA path, the load
-average and the exact command.
+the same way) / the kernel's time; with an 8-bit cache the read floor reads as many bytes as the
+codes of K and V (their scales not counted), and a peer's reference is the float64 attention over
+the Q, K and V its call attends after its own rounding (its cache dequantised: its semantics).
+The header records the CPU, its ISA, qkv's ISA path, the load average and the exact command.
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ def workloads():
         "W4bf16": Workload("W4 decode bf16", 32, 8, 1, 32768, 128, dtype=torch.bfloat16),
         "W4mha": Workload("W4 decode MHA 8/8 D=64 32k", 8, 8, 1, 32768, 64),  # the issue's other decode floor
         "W5": Workload("W5 GQA prefill causal", 32, 8, 2048, 2048, 128, causal=True),
+        "W4q": Workload("W4 decode, 8-bit cache", 32, 8, 1, 32768, 128, kv8=True),
+        "W4mhaq": Workload("W4 decode MHA, 8-bit cache", 8, 8, 1, 32768, 64, kv8=True),
     }
 
 
@@ -107,13 +115,18 @@ def check(w, prepare, seed: int = 0) -> tuple[float, float]:
 
     q, k, v = inputs(w, seed)
     heads, rows = sample_rows(w)
-    ref = reference(w, q, k, v, heads, rows)
     errs = []
     for prep in (prepare, sdpa):
         p = prep(w, q, k, v)
         p.call()
-        errs.append(error(w, p.result(), ref, heads, rows))
+        errs.append(error(w, p.result(), reference(w, *attended(p, q, k, v), heads, rows), heads, rows))
     return errs[0], errs[1]
+
+
+def attended(p, q, k, v):
+    """The Q, K and V the peer's call attends: the inputs, or its own rounding of them (an 8-bit
+    cache dequantised), read after the call."""
+    return (q, k, v) if p.used is None else p.used()
 
 
 def tolerance(w, sdpa_err: float) -> float:
@@ -172,9 +185,10 @@ def useful_gflop(w) -> float:
 
 
 def kv_bytes(w) -> int:
+    """The bytes of K and V a decode step reads: 8-bit codes (scales not counted) or ``dtype``."""
     import torch
 
-    return 2 * w.nk * w.hkv * w.d * torch.finfo(w.dtype).bits // 8
+    return 2 * w.nk * w.hkv * w.d * (8 if w.kv8 else torch.finfo(w.dtype).bits) // 8
 
 
 def child(peer: str, names: list[str], rounds: int) -> None:
@@ -204,8 +218,12 @@ def child(peer: str, names: list[str], rounds: int) -> None:
             out = p.result()
             if out is not None:
                 heads, rows = sample_rows(w)
-                ref = reference(w, q, k, v, heads, rows)
-                err, err_sdpa = error(w, out, ref, heads, rows), error(w, base.result(), ref, heads, rows)
+                ref = reference(w, *attended(p, q, k, v), heads, rows)
+                err = error(w, out, ref, heads, rows)
+                ref_float = reference(w, q, k, v, heads, rows)
+                err_sdpa = error(w, base.result(), ref_float, heads, rows)
+                if p.used is not None:  # what the peer's rounding costs against the float K and V
+                    row.update(err_cache=error(w, out, ref_float, heads, rows))
                 row.update(err=err, err_sdpa=err_sdpa)
                 if not err <= tolerance(w, err_sdpa):
                     row.update(status="disagrees", note=f"benchmark size: error {err:.1e}, SDPA {err_sdpa:.1e}")
@@ -332,10 +350,13 @@ def markdown(head: dict[str, Any], rows: list[dict[str, Any]], loaded_label: str
             else:
                 rate, of_floor = f"{useful_gflop(w) / r['peer_s']:.0f}", ""
             err = "" if r.get("err") is None else f"{r['err']:.1e} ({r['err_sdpa']:.1e})"
+            note = r.get("note", "")
+            if r.get("err_cache") is not None:
+                note += f"; {r['err_cache']:.1e} from float64 over the float K, V"
             lines.append(
                 f"| {name} | {r['peer']} | {r['sdpa_s'] * 1e3:.3g} | {r['peer_s'] * 1e3:.3g} | "
                 f"**{r['ratio']:.2f}×** ({r['ratio_q1']:.2f}–{r['ratio_q3']:.2f}) "
-                f"[{r['ratio_min']:.2f}–{r['ratio_max']:.2f}] | {rate} | {of_floor} | {err} | {r.get('note', '')} |"
+                f"[{r['ratio_min']:.2f}–{r['ratio_max']:.2f}] | {rate} | {of_floor} | {err} | {note} |"
             )
     return "\n".join(lines)
 
