@@ -96,7 +96,7 @@ static inline VF vload_i8(const U* p) {
   return vload(t);
 }
 template <class U>
-static inline VF vload_e4m3(const U* p) {  // the NaN pattern reads as a number (e4m3_tile_clean)
+static inline VF vload_e4m3(const U* p) {  // the NaN pattern reads as a number (dec_thin scans)
   alignas(64) float t[kLanes];
   for (int i = 0; i < kLanes; ++i)
     t[i] = half_to_float(uint16_t(((uint16_t(p[i]) & 0x80u) << 8) | ((uint16_t(p[i]) & 0x7fu) << 7)));
@@ -131,8 +131,8 @@ static inline typename VecOf<typename Compute<E>::type>::V vload_kv(const E* p) 
 
 template <class C>
 struct DecBufs : Scratch<DecBufs<C>> {
-  C *qr = nullptr, *orow = nullptr, *oc = nullptr, *tsum = nullptr, *sc = nullptr, *st = nullptr, *addt = nullptr,
-    *kc = nullptr, *vc = nullptr, *ml = nullptr, *ks = nullptr, *vs = nullptr;
+  C *qr = nullptr, *qh = nullptr, *orow = nullptr, *oc = nullptr, *tsum = nullptr, *sc = nullptr, *st = nullptr,
+    *addt = nullptr, *kc = nullptr, *vc = nullptr, *ml = nullptr, *ks = nullptr, *vs = nullptr;
   int64_t dkp = 0, dvp = 0, lds = 0;  // set by carve()
   // Each buffer once (Scratch: bytes() is the same layout measured without memory).
   void lay(const Params& P, Carver& c) {
@@ -140,6 +140,7 @@ struct DecBufs : Scratch<DecBufs<C>> {
     dvp = round_up(P.Dv, kLanes);
     lds = round_up(P.bk, kLanes);
     qr = c.take<C>(kThinMaxRows * dkp);
+    qh = c.take<C>(kThinMaxRows * dkp);  // q's bfloat16 bits (dec_scores_b16), dkp per row
     orow = c.take<C>(kThinMaxRows * dvp);
     oc = c.take<C>(kThinMaxRows * dvp);
     tsum = c.take<C>(kThinMaxRows * dvp);
@@ -311,6 +312,119 @@ static inline bool dec_scores(const E* kp, int64_t ldk, int64_t jn, int64_t nck,
   for (int l = 0; l < kLanes; ++l) bad = bad || !(pr[l] == pr[l]);
   return bad;
 }
+
+#ifdef QKV_DECODE_BF16_DOT
+// Raw scores of a bfloat16 K against bfloat16 q rows (an ISA unit with a bf16 pair dot product:
+// VB holds 32 bf16, vdot_b32 adds the 16 pairs' products into float32 lanes): dec_block_t's blocks
+// and folds, but each K vector is 32 elements read as stored, no widening, and one instruction
+// per 32 products instead of a widening and two FMAs. The products of two bf16 are exact in
+// float32; q is taken unscaled (bf16: q x prescale rounded would not be q's value) and the sum is
+// scaled once, so the score is |q.k| x prescale rounded once more than in float32 FMAs.
+// (vdpbf16ps reads bf16 subnormals as 0 and reports |q.k| beyond float32's range as an overflow
+// even where |q.k| x prescale would fit, as the avx512bf16 prefill does: kernels_avx512bf16.cpp.)
+// Chunks of 32: Dk a multiple of 32 (the caller checks), qh rows dkp apart.
+template <int R, int NCQ, int LD>
+static inline void dec_block_b16_t(const uint16_t* kp, int64_t ld_, int64_t jn, int64_t ncp, const uint16_t* qh,
+                                   int64_t dkp, float* sc, int64_t lds, int64_t ahead, Prefetch to, VF mul, VF& probe) {
+  constexpr int KB = kLanes / R;  // keys per fold
+  const int64_t ldk = LD > 0 ? LD : ld_;
+  const VF zero = vzero<VF>();
+  alignas(64) float t[kLanes];
+  for (int64_t jb = 0; jb < jn; jb += kLanes) {
+    const int64_t je = imin(jb + kLanes, jn);
+    for (int64_t kh = jb; kh < je; kh += KB) {
+      const int nh = int(imin(KB, je - kh));
+      const bool pf = ahead > kh + KB - 1;
+      VF acc[kLanes];
+#pragma GCC unroll 16
+      for (int x = 0; x < kLanes; ++x) acc[x] = zero;
+      for (int64_t c0 = 0; c0 < ncp; c0 += NCQ) {
+        VB q[R][NCQ];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+          for (int c = 0; c < NCQ; ++c) q[r][c] = vload_b32(qh + r * dkp + (c0 + c) * 2 * kLanes);
+#pragma GCC unroll 16
+        for (int i = 0; i < KB; ++i) {
+          if (i >= nh) break;
+          const uint16_t* kr = kp + (kh + i) * ldk + c0 * 2 * kLanes;
+#pragma GCC unroll 8
+          for (int c = 0; c < NCQ; ++c) {
+            if (kDecodePrefetch > 0 && pf) prefetch_line(kr + kDecodePrefetch * ldk + c * 2 * kLanes, to);
+            const VB k = vload_b32(kr + c * 2 * kLanes);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) acc[r * KB + i] = vdot_b32(acc[r * KB + i], k, q[r][c]);
+          }
+        }
+      }
+      const VF s = vmul(vsum16(acc), mul);  // lane r * KB + i = row r, key kh + i
+      probe = vfma(s, zero, probe);
+      if constexpr (R == 1) {
+        vstore(sc + kh, s);
+      } else {
+        vstore(t, s);
+        if (nh == KB) {
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) std::memcpy(sc + r * lds + kh, t + r * KB, sizeof(float) * KB);
+        } else {
+          for (int r = 0; r < R; ++r)
+            for (int i = 0; i < nh; ++i) sc[r * lds + kh + i] = t[r * KB + i];
+        }
+      }
+    }
+  }
+  const int64_t jv = round_up(jn, kLanes);
+  for (int r = 0; r < R; ++r)
+    for (int64_t j = jn; j < jv; ++j) sc[r * lds + j] = -INFINITY;
+}
+
+template <int R>
+static inline void dec_block_b16(const uint16_t* kp, int64_t ldk, int64_t jn, int64_t ncp, const uint16_t* qh,
+                                 int64_t dkp, float* sc, int64_t lds, int64_t ahead, Prefetch to, VF mul, VF& probe) {
+  constexpr int kMaxQ = R == 1 ? 8 : 8 / R;  // q registers: 8 of the 32 zmm
+  if constexpr (R == 1) {                    // Dk = 64 and 128 with the stride known (contiguous K)
+    if (ncp == 2 && ldk == 4 * kLanes)
+      return dec_block_b16_t<1, 2, 4 * kLanes>(kp, ldk, jn, ncp, qh, dkp, sc, lds, ahead, to, mul, probe);
+    if (ncp == 4 && ldk == 8 * kLanes)
+      return dec_block_b16_t<1, 4, 8 * kLanes>(kp, ldk, jn, ncp, qh, dkp, sc, lds, ahead, to, mul, probe);
+  }
+  if constexpr (kMaxQ >= 4)
+    if (ncp % 4 == 0) return dec_block_b16_t<R, 4, 0>(kp, ldk, jn, ncp, qh, dkp, sc, lds, ahead, to, mul, probe);
+  if constexpr (kMaxQ >= 2)
+    if (ncp % 2 == 0) return dec_block_b16_t<R, 2, 0>(kp, ldk, jn, ncp, qh, dkp, sc, lds, ahead, to, mul, probe);
+  dec_block_b16_t<R, 1, 0>(kp, ldk, jn, ncp, qh, dkp, sc, lds, ahead, to, mul, probe);
+}
+
+// dec_scores over a bfloat16 K with q's bf16 bits (qh), scores x mul (q_prescale).
+static inline bool dec_scores_b16(const bf16_t* k, int64_t ldk, int64_t jn, int64_t dk, const uint16_t* qh, int64_t dkp,
+                                  int n, float* sc, int64_t lds, int64_t ahead, Prefetch to, float mul) {
+  const uint16_t* kp = reinterpret_cast<const uint16_t*>(k);
+  const int64_t ncp = dk / (2 * kLanes);
+  const VF m = vset1<VF>(mul);
+  VF probe = vzero<VF>();
+  for (int r = 0; r < n;) {
+    const int rem = n - r;
+    const uint16_t* q = qh + r * dkp;
+    float* s = sc + r * lds;
+    if (rem >= 4) {
+      dec_block_b16<4>(kp, ldk, jn, ncp, q, dkp, s, lds, ahead, to, m, probe);
+      r += 4;
+    } else if (rem >= 2) {
+      dec_block_b16<2>(kp, ldk, jn, ncp, q, dkp, s, lds, ahead, to, m, probe);
+      r += 2;
+    } else {
+      dec_block_b16<1>(kp, ldk, jn, ncp, q, dkp, s, lds, ahead, to, m, probe);
+      r += 1;
+    }
+    ahead = 0;
+  }
+  alignas(64) float pr[kLanes];
+  vstore(pr, probe);
+  bool bad = false;
+  for (int l = 0; l < kLanes; ++l) bad = bad || !(pr[l] == pr[l]);
+  return bad;
+}
+#endif
 
 // The online-softmax step of a FULL, plain tile (no mods or bias), keys across lanes:
 // sc rows (log2 units) -> P in place; m, l (compensated) updated per row; alpha per row in ml + 3 kLanes.
@@ -502,7 +616,10 @@ __attribute__((noinline)) static bool k_codes_finite(const Params& P, int64_t b,
 template <class E, class C>
 static inline void key_factors(const Strided& s, int64_t b, int64_t g, int64_t j0, int64_t jn, C* f) {
   const float* p = static_cast<const float*>(s.data) + b * s.s0 + g * s.s1 + j0 * s.s2;
-  for (int64_t j = 0; j < jn; ++j) f[j] = C(p[j * s.s2] * kUnit<E>);
+  if (s.s2 == 1)  // a scale per key, contiguous: the loop the compiler vectorises
+    for (int64_t j = 0; j < jn; ++j) f[j] = C(p[j] * kUnit<E>);
+  else
+    for (int64_t j = 0; j < jn; ++j) f[j] = C(p[j * s.s2] * kUnit<E>);
 }
 
 // Rows [0, n) of scores (or of P) times the key factors f over keys [0, jn); returns whether some
@@ -552,6 +669,13 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
   std::memset(static_cast<void*>(S.qr), 0, sizeof(C) * size_t(kThinMaxRows * dkp));
   std::memset(static_cast<void*>(S.orow), 0, sizeof(C) * size_t(kThinMaxRows * dvp));
   std::memset(static_cast<void*>(S.oc), 0, sizeof(C) * size_t(kThinMaxRows * dvp));
+#ifdef QKV_DECODE_BF16_DOT
+  // a bfloat16 cache read in place against bfloat16 q: dot products of bf16 pairs (dec_scores_b16)
+  constexpr bool kB16 = std::is_same_v<T, bf16_t> && std::is_same_v<E, bf16_t>;
+  const bool b16 = kB16 && P.Dk % (2 * kLanes) == 0;
+  uint16_t* qh = reinterpret_cast<uint16_t*>(S.qh);
+  if (b16) std::memset(static_cast<void*>(qh), 0, sizeof(uint16_t) * size_t(kThinMaxRows * dkp));
+#endif
   const T* q = static_cast<const T*>(P.q.data);
   for (int l = 0; l < n; ++l) {
     const T* row = q + lg.b * P.q.s0 + lg.h[l] * P.q.s1 + lg.i[l] * P.q.s2;
@@ -560,6 +684,9 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
       continue;
     }  // left zero: the row sees scores of 0
     for (int64_t d = 0; d < P.Dk; ++d) S.qr[l * dkp + d] = to_c<C>(row[d]) * C(q_prescale(P));
+#ifdef QKV_DECODE_BF16_DOT
+    if (b16) std::memcpy(qh + l * dkp, row, sizeof(uint16_t) * size_t(P.Dk));
+#endif
   }
   C* m_run = S.ml;
   C* l_run = S.ml + kLanes;
@@ -581,10 +708,7 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
     const int64_t jn = imin(P.bk, kz - j0), kb = j0 / P.bk;
     classify(P, lg, kb, j0, jn, tm);
     if (tm.mode == TILE_SKIP) continue;
-    bool direct = direct_ok && tm.mode == TILE_FULL;
-    if constexpr (std::is_same_v<E, e4m3_t>)  // its NaN pattern reads as a number in place
-      direct = direct && e4m3_tile_clean(kbase + j0 * P.k.s2, P.k.s2, jn, P.Dk) &&
-               e4m3_tile_clean(vbase + j0 * P.v.s2, P.v.s2, jn, P.Dv);
+    const bool direct = direct_ok && tm.mode == TILE_FULL;
     // keys of this item left after the tile's start: how far the prefetch may run ahead
     [[maybe_unused]] const int64_t ahead = direct ? kz - j0 - kDecodePrefetch : 0;
     const C* p;
@@ -598,8 +722,14 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
       // FULL tile, read in place: a non-finite score means a non-finite k row (or k scale) or an
       // overflow; every lane attends every key, so a bad k row flags them all (v: through the O rows)
       const E* kp = kbase + j0 * P.k.s2;
-      [[maybe_unused]] const bool bad =
-          dec_scores(kp, P.k.s2, jn, dkp / kLanes, S.qr, dkp, n, S.sc, lds, ahead, P.prefetch);
+      [[maybe_unused]] bool bad;
+#ifdef QKV_DECODE_BF16_DOT
+      if constexpr (kB16)
+        bad = b16 ? dec_scores_b16(kp, P.k.s2, jn, P.Dk, qh, dkp, n, S.sc, lds, ahead, P.prefetch, float(q_prescale(P)))
+                  : dec_scores(kp, P.k.s2, jn, dkp / kLanes, S.qr, dkp, n, S.sc, lds, ahead, P.prefetch);
+      else
+#endif
+        bad = dec_scores(kp, P.k.s2, jn, dkp / kLanes, S.qr, dkp, n, S.sc, lds, ahead, P.prefetch);
       if constexpr (kCodes) {
         key_factors<E>(P.k_scale, lg.b, lg.g, j0, jn, S.ks);
         key_factors<E>(P.v_scale, lg.b, lg.g, j0, jn, S.vs);
@@ -655,6 +785,14 @@ __attribute__((noinline)) static void dec_thin(const Params& P, DecBufs<typename
       dec_pv(vcopy, ldv, jn, p, psl, psj, n, S.tsum, S.orow, S.oc, dvp, al, int64_t(0), P.prefetch);
     else if constexpr (kInPlace)
       dec_pv(vd, ldv, jn, p, psl, psj, n, S.tsum, S.orow, S.oc, dvp, al, ahead, P.prefetch);
+    if constexpr (std::is_same_v<E, e4m3_t>) {
+      // E4M3's NaN pattern reads as a number in place: the tile's codes are scanned after it was
+      // read (in L1 / L2 then; a scan before the reads took the misses without the prefetch, in
+      // series with the arithmetic). A FULL tile is attended by every row, so a NaN code in it
+      // flags them all (kBadInput: NaN rows), whatever the rows computed from it.
+      if (direct && !(e4m3_tile_clean(kbase + j0 * P.k.s2, P.k.s2, jn, P.Dk) && e4m3_tile_clean(vd, P.v.s2, jn, P.Dv)))
+        for (int l = 0; l < n; ++l) fl[l] |= kBadInput;
+    }
   }
 }
 

@@ -22,6 +22,10 @@
 // the scale comes after the dot product, |q.k| beyond float32's range (3.4e38) is reported as an
 // overflow (finite.hpp) even where |q.k| * scale would have fitted.
 //
+// Decode's thin path (decode.hpp) runs its own loop: there the scores of a bfloat16 cache read in
+// place are vdpbf16ps over pairs along Dk as well (dec_scores_b16: simd_avx512.hpp's VB under
+// __AVX512BF16__), while its P V stays in float32 FMAs (P not rounded).
+//
 // The backward's five matmuls likewise (Bf16Bwd below, the dot products of attention_bwd.hpp's
 // bwd_tiles). Everything else (float32, float64, float16) is the avx512 path's own code: this
 // table forwards those calls to kTableAvx512.

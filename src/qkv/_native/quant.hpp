@@ -13,8 +13,9 @@
 //   float8 E4M3 (e4m3_t) "fn" (OCP FP8: no infinities, S.1111.111 is NaN, max 448): the 7 magnitude
 //                        bits shifted into a float16's exponent and mantissa give the value / 2^8
 //                        (bias 7 read with float16's 15), subnormals included (kUnit 256). The NaN
-//                        pattern reads as 1.875 there: a tile holding one is found by a byte scan
-//                        (e4m3_tile_clean) and takes the widened copy, where it is NaN.
+//                        pattern reads as 1.875 there: a byte scan of each tile read in place
+//                        (e4m3_tile_clean) flags the rows that attended it; the widened copy
+//                        reads it as NaN.
 // A non-finite scale or value follows the non-finite rule of finite.hpp: the copies are scanned and
 // cleaned as a float tile is; the in-place reads see it in the scores or in the output row.
 #pragma once

@@ -114,6 +114,16 @@ static inline VF vload_e4m3(const uint8_t* p) {
   const __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return {_mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16(short(0xbf80))))};
 }
+#ifdef __AVX512BF16__
+// The unit built with AVX512-BF16 (kernels_avx512bf16.cpp): decode's scores of a bfloat16 cache
+// against bfloat16 q as vdpbf16ps over pairs along Dk (decode.hpp, dec_scores_b16).
+#define QKV_DECODE_BF16_DOT 1
+using VB = __m512i;  // 32 bf16
+static inline VB vload_b32(const uint16_t* p) { return _mm512_loadu_si512(p); }
+static inline VF vdot_b32(VF acc, VB a, VB b) {
+  return {_mm512_dpbf16_ps(acc.a, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b))};
+}
+#endif
 
 // 2^x (exp2.hpp), with scalef for the 2^n factor. The compare is unordered-true and max / min
 // return their second operand, x, when it is NaN.
