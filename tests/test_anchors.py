@@ -85,3 +85,33 @@ def test_table_names_every_skipped_peer_with_its_reason():
     assert "| W1 | vLLM CPU | | | skipped | | | | vllm is not installed |" in table
     assert "loaded machine" in table and "benchmarks/anchors.py" in table
     assert head["qkv_info"] in table and head["cpu_family_model"] in table
+
+
+@pytest.mark.parametrize("workload", ["W4q", "W4mhaq"])
+def test_8bit_check_holds_a_peer_to_its_own_cache(workload):
+    """On an 8-bit cache the reference is the float64 attention over what the peer attends: qkv's
+    int8 cache passes against its own codes and is refused against the float K and V (whose
+    difference is the quantization error, not the kernel's) and against its K codes in the wrong
+    token order (a misread layout)."""
+    honest = peers.PEERS["qkv int8"][0]
+    w = WORKLOADS[workload].shrunk()
+
+    def against_float(w_, q, k, v):
+        return dataclasses.replace(honest(w_, q, k, v), used=None)
+
+    def misread(w_, q, k, v):
+        p = honest(w_, q, k, v)
+        qd, kd, vd = p.used()
+        return dataclasses.replace(p, used=lambda: (qd, kd.flip(2), vd))
+
+    err, err_sdpa = anchors.check(w, honest, seed=1)
+    assert err <= anchors.tolerance(w, err_sdpa)
+    for wrong in (against_float, misread):
+        err, err_sdpa = anchors.check(w, wrong, seed=1)
+        assert err > anchors.tolerance(w, err_sdpa), wrong.__name__
+
+
+def test_8bit_workloads_read_one_byte_per_element():
+    w, w8 = WORKLOADS["W4"], WORKLOADS["W4q"]
+    assert (w8.h, w8.hkv, w8.nq, w8.nk, w8.d) == (w.h, w.hkv, w.nq, w.nk, w.d)
+    assert anchors.kv_bytes(w8) * 4 == anchors.kv_bytes(w)
