@@ -16,6 +16,7 @@ peer's own documentation or sources (named at each function); nothing here is co
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import importlib.util
 import math
 import os
@@ -366,15 +367,76 @@ def openvino_pa(w: Workload, q, k, v) -> Prepared:
     writes their K/V into the cache inside the call (its serving cost, as in openvino.genai).
     Decode: the cache is filled once here, untimed (as vLLM's engine would have), and the call
     brings the last token with ``past_lens = Nk - 1``, rewriting that one slot."""
-    if w.kv8:  # its CPU plugin's default cache is u8 with a scale and zero point per token
-        raise Unsupported("u8 cache: its bytes are not read back here for the reference check")
+    import numpy as np
+    import openvino as ov
+
+    if w.kv8:
+        return _openvino_pa_u8(w, q, k, v)
+    if not (w.causal or w.window is not None or w.decode):
+        raise Unsupported("PagedAttention is causal over the new tokens: no dense prefill")
+    bf16 = w.dtype == torch.bfloat16
+    et = ov.Type.bf16 if bf16 else ov.Type.f32
+    precision = "bf16" if bf16 else "f32"
+    compiled = _pa_compiled(w, precision)
+    ports = {name: port for port in compiled.inputs for name in port.get_names()}
+    kshape = ports["key_cache.0"].get_partial_shape()
+    if ports["key_cache.0"].get_element_type() != et or kshape.rank.get_length() != 4 or kshape[1] != w.hkv:
+        raise Unsupported(f"the plugin chose a {ports['key_cache.0'].get_element_type()} cache {kshape}")
+    block = kshape[2].get_length()
+    nblocks = -(-w.nk // block)
+    req = compiled.create_infer_request()
+    alive: list[Any] = []
+
+    def cache(x: torch.Tensor):  # (1, Hkv, Nk, D) -> (blocks, Hkv, block, D), zero-padded
+        c = torch.zeros(nblocks * block, w.hkv, w.d, dtype=w.dtype)
+        if w.decode:
+            c[: w.nk] = x[0].transpose(0, 1)
+        return c.view(nblocks, block, w.hkv, w.d).transpose(1, 2)
+
+    new = slice(w.nk - w.nq, w.nk)  # the tokens this call brings
+    feeds = {
+        "q": _pa_tokens(q),
+        "k": _pa_tokens(k[:, :, new]),
+        "v": _pa_tokens(v[:, :, new]),
+        "key_cache.0": cache(k),
+        "value_cache.0": cache(v),
+    }
+    for name, x in feeds.items():
+        req.set_tensor(name, _ov_tensor(x, alive))
+    _pa_meta(req, w.nk - w.nq, w.nq, nblocks, alive, np, ov)
+
+    def result():
+        return _from_ov(req.get_output_tensor(0)).reshape(w.nq, w.h, w.d).transpose(0, 1)[None]
+
+    note = "K/V cache filled once, untimed" if w.decode else "the call writes the prompt's K/V into its cache"
+    return Prepared(req.infer, result, note, keep=alive)
+
+
+def _pa_tokens(x: torch.Tensor) -> torch.Tensor:  # (1, heads, n, D) -> (n, heads·D)
+    return x[0].transpose(0, 1).reshape(x.shape[2], -1)
+
+
+def _pa_meta(req, past: int, n: int, nblocks: int, alive: list, np, ov) -> None:
+    """One sequence: ``past`` cached tokens, ``n`` new ones, blocks ``0 … nblocks - 1``."""
+    meta = {
+        "past_lens": [past],
+        "subsequence_begins": [0, n],
+        "block_indices": list(range(nblocks)),
+        "block_indices_begins": [0, nblocks],
+    }
+    for name, values in meta.items():
+        arr = np.array(values, np.int32)
+        alive.append(arr)
+        req.set_tensor(name, ov.Tensor(arr, shared_memory=True))
+
+
+def _pa_compiled(w: Workload, cache_precision: str):
+    """The one-op PagedAttention model of ``w``, compiled for the CPU plugin."""
     import numpy as np
     import openvino as ov
     from openvino import op as ov_op
     from openvino import opset13 as ops
 
-    if not (w.causal or w.window is not None or w.decode):
-        raise Unsupported("PagedAttention is causal over the new tokens: no dense prefill")
     bf16 = w.dtype == torch.bfloat16
     et = ov.Type.bf16 if bf16 else ov.Type.f32
     precision = "bf16" if bf16 else "f32"
@@ -396,61 +458,77 @@ def openvino_pa(w: Workload, q, k, v) -> Prepared:
     rt = node.get_rt_info()
     for key, value in {"num_k_heads": w.hkv, "k_head_size": w.d, "num_v_heads": w.hkv, "v_head_size": w.d}.items():
         rt[key] = value
-    compiled = ov.Core().compile_model(
+    return ov.Core().compile_model(
         ov.Model([node.output(0)], params, "paged_attention"),
         "CPU",
         {
             "INFERENCE_NUM_THREADS": THREADS,
             "INFERENCE_PRECISION_HINT": precision,
-            "KV_CACHE_PRECISION": precision,
-            "KEY_CACHE_PRECISION": precision,
-            "VALUE_CACHE_PRECISION": precision,
+            "KV_CACHE_PRECISION": cache_precision,
+            "KEY_CACHE_PRECISION": cache_precision,
+            "VALUE_CACHE_PRECISION": cache_precision,
         },
     )
+
+
+def _openvino_pa_u8(w: Workload, q, k, v) -> Prepared:
+    """The same op over the CPU plugin's u8 cache (its default there; KEY/VALUE_CACHE_PRECISION
+    u8, group size 0: one group over D), asymmetric, ``x = (code - zero point) · scale``: K per
+    channel over each block (the ``[blocks, Hkv, block + 8, D]`` K cache opens each block with D
+    float32 scales, then D float32 zero points), V per token (``[blocks, Hkv, block, D + 8]``:
+    each token's scale and zero point, then its D codes), as the compiled ports' shapes and the
+    bytes the plugin writes show (``used`` reads them back after the call; the reference check
+    confirms the reading). The plugin fills the cache itself: the same op compiled with a 1-token
+    window (each query attends itself: cheap) runs untimed over the first Nk - 1 tokens in
+    chunks; the timed decode call brings the last one."""
+    import numpy as np
+    import openvino as ov
+
+    if not w.decode:
+        raise Unsupported("the 8-bit workloads here are decode")
+    compiled = _pa_compiled(w, "u8")
     ports = {name: port for port in compiled.inputs for name in port.get_names()}
-    kshape = ports["key_cache.0"].get_partial_shape()
-    if ports["key_cache.0"].get_element_type() != et or kshape.rank.get_length() != 4 or kshape[1] != w.hkv:
-        raise Unsupported(f"the plugin chose a {ports['key_cache.0'].get_element_type()} cache {kshape}")
-    block = kshape[2].get_length()
+    ks, vs = (ports[n].get_partial_shape() for n in ("key_cache.0", "value_cache.0"))
+    if ports["key_cache.0"].get_element_type() != ov.Type.u8 or vs.rank.get_length() != 4:
+        raise Unsupported(f"the plugin chose a {ports['key_cache.0'].get_element_type()} cache {ks}")
+    block = vs[2].get_length()
+    if [ks[i].get_length() for i in (1, 2, 3)] != [w.hkv, block + 8, w.d] or vs[3].get_length() != w.d + 8:
+        raise Unsupported(f"u8 cache layout K {ks}, V {vs}: not the one read back here")
     nblocks = -(-w.nk // block)
+    kc = np.zeros((nblocks, w.hkv, block + 8, w.d), np.uint8)
+    vc = np.zeros((nblocks, w.hkv, block, w.d + 8), np.uint8)
+    alive: list[Any] = [kc, vc]
+
+    def bind(req, qx, kx, vx, past: int) -> None:
+        n = qx.shape[0]
+        for name, x in (("q", qx), ("k", kx), ("v", vx)):
+            req.set_tensor(name, _ov_tensor(x, alive))
+        req.set_tensor("key_cache.0", ov.Tensor(kc, shared_memory=True))
+        req.set_tensor("value_cache.0", ov.Tensor(vc, shared_memory=True))
+        _pa_meta(req, past, n, -(-(past + n) // block), alive, np, ov)
+
+    fill = _pa_compiled(dataclasses.replace(w, window=1), "u8").create_infer_request()
+    chunk = 4096
+    for t0 in range(0, w.nk - 1, chunk):
+        t1 = min(w.nk - 1, t0 + chunk)
+        bind(fill, torch.zeros(t1 - t0, w.h * w.d), _pa_tokens(k[:, :, t0:t1]), _pa_tokens(v[:, :, t0:t1]), t0)
+        fill.infer()
     req = compiled.create_infer_request()
-    alive: list[Any] = []
-
-    def tokens(x: torch.Tensor) -> torch.Tensor:  # (1, heads, n, D) -> (n, heads·D)
-        return x[0].transpose(0, 1).reshape(x.shape[2], -1)
-
-    def cache(x: torch.Tensor):  # (1, Hkv, Nk, D) -> (blocks, Hkv, block, D), zero-padded
-        c = torch.zeros(nblocks * block, w.hkv, w.d, dtype=w.dtype)
-        if w.decode:
-            c[: w.nk] = x[0].transpose(0, 1)
-        return c.view(nblocks, block, w.hkv, w.d).transpose(1, 2)
-
-    new = slice(w.nk - w.nq, w.nk)  # the tokens this call brings
-    feeds = {
-        "q": tokens(q),
-        "k": tokens(k[:, :, new]),
-        "v": tokens(v[:, :, new]),
-        "key_cache.0": cache(k),
-        "value_cache.0": cache(v),
-    }
-    for name, x in feeds.items():
-        req.set_tensor(name, _ov_tensor(x, alive))
-    meta = {
-        "past_lens": [w.nk - w.nq],
-        "subsequence_begins": [0, w.nq],
-        "block_indices": list(range(nblocks)),
-        "block_indices_begins": [0, nblocks],
-    }
-    for name, values in meta.items():
-        arr = np.array(values, np.int32)
-        alive.append(arr)
-        req.set_tensor(name, ov.Tensor(arr, shared_memory=True))
+    bind(req, _pa_tokens(q), _pa_tokens(k[:, :, -1:]), _pa_tokens(v[:, :, -1:]), w.nk - 1)
 
     def result():
-        return _from_ov(req.get_output_tensor(0)).reshape(w.nq, w.h, w.d).transpose(0, 1)[None]
+        return _from_ov(req.get_output_tensor(0)).reshape(1, w.h, w.d).transpose(0, 1)[None]
 
-    note = "K/V cache filled once, untimed" if w.decode else "the call writes the prompt's K/V into its cache"
-    return Prepared(req.infer, result, note, keep=alive)
+    def used():
+        kp = np.ascontiguousarray(kc[:, :, :8]).view(np.float32).reshape(nblocks, w.hkv, 2, w.d)
+        kd = (kc[:, :, 8:].astype(np.float32) - kp[:, :, 1:2]) * kp[:, :, 0:1]
+        vp = np.ascontiguousarray(vc[..., :8]).view(np.float32)
+        vd = (vc[..., 8:].astype(np.float32) - vp[..., 1:2]) * vp[..., 0:1]
+        kd, vd = (torch.from_numpy(x).transpose(0, 1).reshape(w.hkv, -1, w.d)[None, :, : w.nk] for x in (kd, vd))
+        return q, kd, vd
+
+    note = "u8 cache (K per channel and block, V per token, asymmetric), filled by the plugin, untimed"
+    return Prepared(req.infer, result, note, keep=(alive, fill), used=used)
 
 
 def _ov_tensor(x: torch.Tensor, alive: list):

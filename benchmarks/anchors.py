@@ -14,7 +14,8 @@ has the lines); a peer whose package is absent is a row that says so. Workloads 
     W4q, W4mhaq  W4's and W4mha's decode with a small cache: each peer stores K and V in its own
         8-bit format (qkv int8, fp8 E4M3 and E5M2, a scale per token and kv head; vLLM fp8 E4M3 and
         E5M2, one scale per tensor; llama.cpp's ggml q8_0; ONNX Runtime's GroupQueryAttention int8,
-        a scale per channel), against the same float32 SDPA over the float K and V
+        a scale per channel; OpenVINO PagedAttention's u8, asymmetric), against the same float32
+        SDPA over the float K and V
 
 Method: each peer runs in its own process (its thread pool, its crashes and its memory stay
 there) with 2 threads set explicitly, against PyTorch SDPA in the same loop: rounds of SDPA, peer
