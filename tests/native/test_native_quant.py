@@ -128,13 +128,15 @@ def test_decode_reads_the_quantized_cache(isa, fmt, qdtype):
         check(q, kc, vc, ks, vs, fmt, qdtype, threads)
 
 
+@pytest.mark.parametrize("qdtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("dk,dv", [(64, 64), (128, 128)])
-def test_decode_every_row_count_and_length(isa, fmt, dk, dv):
-    # one query row per kv head up to 8 stacked rows, against key counts around the fold (16) and the tile (128)
+@pytest.mark.parametrize("dk,dv", [(64, 64), (128, 128), (96, 48)])
+def test_decode_every_row_count_and_length(isa, fmt, dk, dv, qdtype):
+    # one query row per kv head up to 8 stacked rows (blocks of 4, 2 and 1), against key counts
+    # around the fold (16) and the tile (128), q in float32 and bfloat16, Dk / 16 even and odd
     for rows, nk in itertools.product(range(1, 9), (15, 16, 127, 129, 2049)):
-        q, kc, vc, ks, vs = make(rows * 7 + nk, 1, rows, 1, 1, nk, dk, dv, fmt, "float32")
-        check(q, kc, vc, ks, vs, fmt, "float32", threads=2)
+        q, kc, vc, ks, vs = make(rows * 7 + nk, 1, rows, 1, 1, nk, dk, dv, fmt, qdtype)
+        check(q, kc, vc, ks, vs, fmt, qdtype, threads=2)
 
 
 def bottom_right_causal(nq, nk, b, h):
