@@ -403,7 +403,7 @@ def openvino_pa(w: Workload, q, k, v) -> Prepared:
     }
     for name, x in feeds.items():
         req.set_tensor(name, _ov_tensor(x, alive))
-    _pa_meta(req, w.nk - w.nq, w.nq, nblocks, alive, np, ov)
+    _pa_meta(req, w.nk - w.nq, w.nq, range(nblocks), alive, np, ov)
 
     def result():
         return _from_ov(req.get_output_tensor(0)).reshape(w.nq, w.h, w.d).transpose(0, 1)[None]
@@ -416,13 +416,13 @@ def _pa_tokens(x: torch.Tensor) -> torch.Tensor:  # (1, heads, n, D) -> (n, head
     return x[0].transpose(0, 1).reshape(x.shape[2], -1)
 
 
-def _pa_meta(req, past: int, n: int, nblocks: int, alive: list, np, ov) -> None:
-    """One sequence: ``past`` cached tokens, ``n`` new ones, blocks ``0 … nblocks - 1``."""
+def _pa_meta(req, past: int, n: int, blocks: range, alive: list, np, ov) -> None:
+    """One sequence: ``past`` cached tokens, ``n`` new ones, in ``blocks``."""
     meta = {
         "past_lens": [past],
         "subsequence_begins": [0, n],
-        "block_indices": list(range(nblocks)),
-        "block_indices_begins": [0, nblocks],
+        "block_indices": list(blocks),
+        "block_indices_begins": [0, len(blocks)],
     }
     for name, values in meta.items():
         arr = np.array(values, np.int32)
@@ -480,7 +480,7 @@ def _openvino_pa_u8(w: Workload, q, k, v) -> Prepared:
     bytes the plugin writes show (``used`` reads them back after the call; the reference check
     confirms the reading). The plugin fills the cache itself: the same op compiled with a 1-token
     window (each query attends itself: cheap) runs untimed over the first Nk - 1 tokens in
-    chunks; the timed decode call brings the last one."""
+    chunks, each a sequence of its own; the timed decode call brings the last one."""
     import numpy as np
     import openvino as ov
 
@@ -499,22 +499,24 @@ def _openvino_pa_u8(w: Workload, q, k, v) -> Prepared:
     vc = np.zeros((nblocks, w.hkv, block, w.d + 8), np.uint8)
     alive: list[Any] = [kc, vc]
 
-    def bind(req, qx, kx, vx, past: int) -> None:
-        n = qx.shape[0]
+    def bind(req, qx, kx, vx, past: int, blocks: range) -> None:
         for name, x in (("q", qx), ("k", kx), ("v", vx)):
             req.set_tensor(name, _ov_tensor(x, alive))
         req.set_tensor("key_cache.0", ov.Tensor(kc, shared_memory=True))
         req.set_tensor("value_cache.0", ov.Tensor(vc, shared_memory=True))
-        _pa_meta(req, past, n, -(-(past + n) // block), alive, np, ov)
+        _pa_meta(req, past, qx.shape[0], blocks, alive, np, ov)
 
+    # each chunk a new sequence over its own blocks: the plugin quantizes and writes it, attending
+    # nothing before it (its output is discarded)
     fill = _pa_compiled(dataclasses.replace(w, window=1), "u8").create_infer_request()
-    chunk = 4096
+    chunk = 128 * block
     for t0 in range(0, w.nk - 1, chunk):
         t1 = min(w.nk - 1, t0 + chunk)
-        bind(fill, torch.zeros(t1 - t0, w.h * w.d), _pa_tokens(k[:, :, t0:t1]), _pa_tokens(v[:, :, t0:t1]), t0)
+        kx, vx = _pa_tokens(k[:, :, t0:t1]), _pa_tokens(v[:, :, t0:t1])
+        bind(fill, torch.zeros(t1 - t0, w.h * w.d), kx, vx, 0, range(t0 // block, -(-t1 // block)))
         fill.infer()
     req = compiled.create_infer_request()
-    bind(req, _pa_tokens(q), _pa_tokens(k[:, :, -1:]), _pa_tokens(v[:, :, -1:]), w.nk - 1)
+    bind(req, _pa_tokens(q), _pa_tokens(k[:, :, -1:]), _pa_tokens(v[:, :, -1:]), w.nk - 1, range(nblocks))
 
     def result():
         return _from_ov(req.get_output_tensor(0)).reshape(1, w.h, w.d).transpose(0, 1)[None]
