@@ -96,8 +96,12 @@ static inline VF vload_i8(const int8_t* p) {
   return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
 }
 static inline VF vload_e5m2(const uint8_t* p) {
-  const __m256i h = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return {_mm512_cvtph_ps(_mm256_slli_epi16(h, 8))};
+  // the 16 bytes in both 128-bit lanes (a broadcast load), each moved to the high byte of its
+  // word by one in-lane shuffle (zero low bytes): one operation fewer than a widening and a shift
+  const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i to_high = _mm256_setr_epi8(-128, 0, -128, 1, -128, 2, -128, 3, -128, 4, -128, 5, -128, 6, -128, 7, -128,
+                                           8, -128, 9, -128, 10, -128, 11, -128, 12, -128, 13, -128, 14, -128, 15);
+  return {_mm512_cvtph_ps(_mm256_shuffle_epi8(x, to_high))};
 }
 static inline bool e4m3_nan_free(const uint8_t* p, int64_t n) {  // quant.hpp
   const __m512i top = _mm512_set1_epi8(char(0x80)), ones = _mm512_set1_epi8(char(0xff));
