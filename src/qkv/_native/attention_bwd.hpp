@@ -325,19 +325,19 @@ struct WideBwd {
     for (int64_t d = 0; d < P->Dv; ++d)
       for (int l = 0; l < kLanes; ++l) dot[d * kLanes + l] = S->dos[(lg * kLanes + l) * dvp + d];
   }
-  void scores(C* c, int lg, bool two, int64_t a, int64_t n) const {
-    const C* qt = S->qt + lg * P->Dk * kLanes;
+  // c [n][16 per lane group] = rows x (n of them, ld apart) against bt [R][16] of one lane group,
+  // or of two (bt's next R x 16 block) sharing each broadcast of x
+  void dots(C* c, bool two, const C* x, int64_t ld, const C* bt, int64_t R, int64_t n) const {
     if (two)
-      gemm16x2(c, c + kLanes, W, kp + a * ldk, ldk, 1, qt, qt + P->Dk * kLanes, kLanes, n, P->Dk);
+      gemm16x2(c, c + kLanes, W, x, ld, 1, bt, bt + R * kLanes, kLanes, n, R);
     else
-      gemm16<false>(c, W, kp + a * ldk, ldk, 1, qt, kLanes, n, P->Dk);
+      gemm16<false>(c, W, x, ld, 1, bt, kLanes, n, R);
+  }
+  void scores(C* c, int lg, bool two, int64_t a, int64_t n) const {
+    dots(c, two, kp + a * ldk, ldk, S->qt + lg * P->Dk * kLanes, P->Dk, n);
   }
   void dpt(C* c, int lg, bool two, int64_t a, int64_t n) const {
-    const C* dot = S->dot + lg * P->Dv * kLanes;
-    if (two)
-      gemm16x2(c, c + kLanes, W, vp + a * ldv, ldv, 1, dot, dot + P->Dv * kLanes, kLanes, n, P->Dv);
-    else
-      gemm16<false>(c, W, vp + a * ldv, ldv, 1, dot, kLanes, n, P->Dv);
+    dots(c, two, vp + a * ldv, ldv, S->dot + lg * P->Dv * kLanes, P->Dv, n);
   }
   // dP^T - D of lane group lg, keys [a, a + n), in float64 (exact_dpt); d: its D per lane
   void dpt_exact(C* c, int lg, int64_t a, int64_t n, const double* d) const {

@@ -422,23 +422,21 @@ struct Bf16Bwd {
     transpose_pairs(qrow + lg * kLanes, P->Dk, qt(lg));
     transpose_pairs(drow + lg * kLanes, P->Dv, dot(lg));
   }
-  void scores(float* c, int lg, bool two, int64_t a, int64_t n) const {
-    const VF s = vset1<VF>(float(q_prescale(*P)));
+  // c [n][16 per lane group] = s x (n bf16 rows, ld apart) against the pairs b0 [R/2][16][2] of one
+  // lane group, or of two (b1) sharing each broadcast of x
+  void dots(float* c, bool two, const uint16_t* x, int64_t ld, const uint16_t* b0, const uint16_t* b1, int64_t R,
+            int64_t n, float s) const {
+    const VF sv = vset1<VF>(s);
     if (two)
-      dp<2, STORE>(c, c + kLanes, nullptr, nullptr, W, kp + a * ldk, ldk, 2, qt(lg), qt(lg + 1), 2 * kLanes, n,
-                   P->Dk / 2, P->Dk & 1, s, s);
+      dp<2, STORE>(c, c + kLanes, nullptr, nullptr, W, x, ld, 2, b0, b1, 2 * kLanes, n, R / 2, R & 1, sv, sv);
     else
-      dp<1, STORE>(c, nullptr, nullptr, nullptr, W, kp + a * ldk, ldk, 2, qt(lg), nullptr, 2 * kLanes, n, P->Dk / 2,
-                   P->Dk & 1, s, s);
+      dp<1, STORE>(c, nullptr, nullptr, nullptr, W, x, ld, 2, b0, nullptr, 2 * kLanes, n, R / 2, R & 1, sv, sv);
+  }
+  void scores(float* c, int lg, bool two, int64_t a, int64_t n) const {
+    dots(c, two, kp + a * ldk, ldk, qt(lg), two ? qt(lg + 1) : nullptr, P->Dk, n, float(q_prescale(*P)));
   }
   void dpt(float* c, int lg, bool two, int64_t a, int64_t n) const {
-    const VF one = vset1<VF>(1.0f);
-    if (two)
-      dp<2, STORE>(c, c + kLanes, nullptr, nullptr, W, vp + a * ldv, ldv, 2, dot(lg), dot(lg + 1), 2 * kLanes, n,
-                   P->Dv / 2, P->Dv & 1, one, one);
-    else
-      dp<1, STORE>(c, nullptr, nullptr, nullptr, W, vp + a * ldv, ldv, 2, dot(lg), nullptr, 2 * kLanes, n, P->Dv / 2,
-                   P->Dv & 1, one, one);
+    dots(c, two, vp + a * ldv, ldv, dot(lg), two ? dot(lg + 1) : nullptr, P->Dv, n, 1.0f);
   }
   // dQ rows = dS K: dS of the m = 16 or 32 rows as key pairs [n/2][m][2] (broadcast), K pairs as
   // the vector operand, lanes over Dk
