@@ -178,6 +178,35 @@ static inline char* decode_scratch(size_t bytes) {
 
 // ------------------------------------------------------------------ the thin tile steps
 
+// A fold's scores to their rows (lds apart in sc): lane r * KB + i of s is row r's score of key
+// kh + i, nh of the KB keys real; t is kLanes of scratch. One row stores the vector whole (lanes
+// past the keys are padded below).
+template <int R, class V, class C>
+static inline void put_fold(C* sc, int64_t lds, C* t, V s, int64_t kh, int nh) {
+  constexpr int KB = kLanes / R;
+  if constexpr (R == 1) {
+    vstore(sc + kh, s);
+  } else {
+    vstore(t, s);
+    if (nh == KB) {
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) std::memcpy(sc + r * lds + kh, t + r * KB, sizeof(C) * KB);
+    } else {
+      for (int r = 0; r < R; ++r)
+        for (int i = 0; i < nh; ++i) sc[r * lds + kh + i] = t[r * KB + i];
+    }
+  }
+}
+
+// Keys [jn, jn rounded up to kLanes) of each of the R rows read as -inf: the softmax takes whole
+// vectors
+template <class C>
+static inline void pad_rows(C* sc, int64_t lds, int R, int64_t jn) {
+  const int64_t jv = round_up(jn, kLanes);
+  for (int r = 0; r < R; ++r)
+    for (int64_t j = jn; j < jv; ++j) sc[r * lds + j] = C(-INFINITY);
+}
+
 // Raw scores of R rows (R = 1, 2 or 4) against keys [0, jn) of a tile (rows of K at kp, stride
 // ldk, nck chunks of 16): sc[r * lds + j], lanes past jn hold -inf. probe: s * 0 accumulated (NaN
 // exactly when some score is not finite). R rows x 16 / R keys fill the 16 accumulators of one fold
@@ -233,23 +262,10 @@ static inline void dec_block_t(const E* kp, int64_t ld_, int64_t jn, int64_t nck
       }
       const V s = vsum16(acc);  // lane r * KB + i = row r, key kh + i
       probe = vfma(s, zero, probe);
-      if constexpr (R == 1) {
-        vstore(sc + kh, s);
-      } else {
-        vstore(t, s);
-        if (nh == KB) {
-#pragma GCC unroll 4
-          for (int r = 0; r < R; ++r) std::memcpy(sc + r * lds + kh, t + r * KB, sizeof(C) * KB);
-        } else {
-          for (int r = 0; r < R; ++r)
-            for (int i = 0; i < nh; ++i) sc[r * lds + kh + i] = t[r * KB + i];
-        }
-      }
+      put_fold<R>(sc, lds, t, s, kh, nh);
     }
   }
-  const int64_t jv = round_up(jn, kLanes);
-  for (int r = 0; r < R; ++r)
-    for (int64_t j = jn; j < jv; ++j) sc[r * lds + j] = C(-INFINITY);
+  pad_rows(sc, lds, R, jn);
 }
 
 // dec_block_t for R rows with q's chunks taken as many at a time as the registers allow. A unit
@@ -359,23 +375,10 @@ static inline void dec_block_b16_t(const uint16_t* kp, int64_t ld_, int64_t jn, 
       }
       const VF s = vmul(vsum16(acc), mul);  // lane r * KB + i = row r, key kh + i
       probe = vfma(s, zero, probe);
-      if constexpr (R == 1) {
-        vstore(sc + kh, s);
-      } else {
-        vstore(t, s);
-        if (nh == KB) {
-#pragma GCC unroll 4
-          for (int r = 0; r < R; ++r) std::memcpy(sc + r * lds + kh, t + r * KB, sizeof(float) * KB);
-        } else {
-          for (int r = 0; r < R; ++r)
-            for (int i = 0; i < nh; ++i) sc[r * lds + kh + i] = t[r * KB + i];
-        }
-      }
+      put_fold<R>(sc, lds, t, s, kh, nh);
     }
   }
-  const int64_t jv = round_up(jn, kLanes);
-  for (int r = 0; r < R; ++r)
-    for (int64_t j = jn; j < jv; ++j) sc[r * lds + j] = -INFINITY;
+  pad_rows(sc, lds, R, jn);
 }
 
 template <int R>
