@@ -9,7 +9,9 @@
 #   benchmarks/decode_ab.sh -H 8 -G 8 -D 64 -n 32768 -t bf16          # MHA decode, 2 threads
 #   MINSTAT=1 benchmarks/decode_ab.sh -H 32 -G 8 -D 128 -n 8192 -t bf16 -k i8 -T 1
 # VARIANTS="name:flags ..." replaces the default set (flags comma-separated; A5 / A2 stand for the
-# AVX-512 / AVX2 units' -m flags).
+# AVX-512 / AVX2 units' -m flags). Another tree's decode.hpp against this one's:
+#   VARIANTS="old:A5,-iquote/tmp/old/src/qkv/_native cur:A5" benchmarks/decode_ab.sh ...
+# (-iquote: the sources' own #include "..." look there first; -I would come after this tree's.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SRC="$PWD/src/qkv/_native"
