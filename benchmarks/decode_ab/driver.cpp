@@ -1,6 +1,7 @@
 // decode_ab.sh's driver: each registered variant of the decode loop on one decode call, and a plain
-// AVX-512 read of the same K+V bytes on the same threads (the floor), called in turn (A B C .. A B
-// C ..), min or median per variant (MINSTAT=1: the minimum, for a busy machine).
+// AVX-512 read of the same K+V bytes on the same threads (the floor: one stream, or K and V as two
+// streams at once, whichever is faster), called in turn (A B C .. A B C ..), min or median per
+// variant (MINSTAT=1: the minimum, for a busy machine).
 //   -H heads -G kv heads -D head dim -q queries -n keys -t f32|bf16|f16 -k i8|e4m3|e5m2 (a
 //   quantized cache, bf16 / f32 / f16 q) -T threads -r rounds -i name,name (variants to run)
 //   -p l1,l2 (the prefetch targets each variant runs with, Params::prefetch: both by default)
@@ -49,6 +50,24 @@ __attribute__((target("avx512f"))) static void read_part(void* c, int tid) {
     s1 = _mm512_add_ps(s1, _mm512_loadu_ps(reinterpret_cast<const float*>(a + i + 64)));
     s2 = _mm512_add_ps(s2, _mm512_loadu_ps(reinterpret_cast<const float*>(a + i + 128)));
     s3 = _mm512_add_ps(s3, _mm512_loadu_ps(reinterpret_cast<const float*>(a + i + 192)));
+  }
+  R.sink[tid * 16] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+// The same bytes as two streams at once (K's and V's parts of each thread, interleaved), as a decode
+// step reads them: one thread on Zen 4 read 256 MiB 1.15-1.18x faster this way than as one stream.
+__attribute__((target("avx512f"))) static void read2_part(void* c, int tid) {
+  Read& R = *static_cast<Read*>(c);
+  const size_t half = R.n / 2;
+  const size_t per = half / size_t(R.threads) / 128 * 128;
+  const char* a = R.p + per * size_t(tid);
+  const char* b = a + half;
+  __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  for (size_t i = 0; i + 128 <= per; i += 128) {
+    s0 = _mm512_add_ps(s0, _mm512_loadu_ps(reinterpret_cast<const float*>(a + i)));
+    s1 = _mm512_add_ps(s1, _mm512_loadu_ps(reinterpret_cast<const float*>(b + i)));
+    s2 = _mm512_add_ps(s2, _mm512_loadu_ps(reinterpret_cast<const float*>(a + i + 64)));
+    s3 = _mm512_add_ps(s3, _mm512_loadu_ps(reinterpret_cast<const float*>(b + i + 64)));
   }
   R.sink[tid * 16] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
@@ -160,12 +179,14 @@ int main(int argc, char** argv) {
         if (("," + targets + ",").find("," + std::string(pf) + ",") != std::string::npos)
           run.push_back({std::string(v.first) + "/" + pf, v.second, pf[1] == '2' ? Prefetch::l2 : Prefetch::l1});
   Read R{kv.data(), kv.size(), threads, {}};
-  std::vector<std::vector<double>> t(run.size() + 1);
+  std::vector<std::vector<double>> t(run.size() + 2);
   for (int r = -1; r < rounds; ++r)
-    for (size_t i = 0; i <= run.size(); ++i) {
+    for (size_t i = 0; i <= run.size() + 1; ++i) {
       const double t0 = now();
       if (i == run.size()) {
         parallel_fn()(threads, read_part, &R);
+      } else if (i == run.size() + 1) {
+        parallel_fn()(threads, read2_part, &R);
       } else {
         std::fill(kv_state.begin(), kv_state.end(), 0);
         P.prefetch = run[i].pf;
@@ -178,7 +199,10 @@ int main(int argc, char** argv) {
     std::sort(v.begin(), v.end());
     return min ? v[0] : v[v.size() / 2];
   };
-  const double fl = stat(t.back()) * double(bytes) / double(kv.size());  // the scales read at the codes' rate
+  const double f1 = stat(t[run.size()]), f2 = stat(t[run.size() + 1]);
+  std::printf("  one stream %.1f GB/s, two streams %.1f GB/s\n", double(kv.size()) / f1 / 1e9,
+              double(kv.size()) / f2 / 1e9);
+  const double fl = std::min(f1, f2) * double(bytes) / double(kv.size());  // the scales read at the codes' rate
   std::printf("H=%d Hkv=%d D=%d Nq=%d Nk=%ld %s%s%s, %d threads: K+V %.1f MiB, floor %.3f ms (%.1f GB/s), %s\n", H, Hkv,
               D, Nq, long(Nk), dt.c_str(), kq.empty() ? "" : " q, cache ", kq.c_str(), threads,
               double(bytes) / 1048576.0, fl * 1e3, double(bytes) / fl / 1e9, min ? "min" : "median");
