@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-THREADS = 2  # the machine has 2 cores; every peer is told so explicitly
+# the machine has 2 cores; every peer is told so explicitly (anchors.py --threads 1: one core's rates)
+THREADS = int(os.environ.get("QKV_ANCHOR_THREADS", "2"))
 
 
 class Unsupported(Exception):

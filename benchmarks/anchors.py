@@ -44,13 +44,20 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-THREAD_ENV = {
-    "OMP_NUM_THREADS": "2",
-    "MKL_NUM_THREADS": "2",
-    "OPENBLAS_NUM_THREADS": "2",
-    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=2",
-    "JAX_PLATFORMS": "cpu",
-}
+
+
+def thread_env(n: int) -> dict[str, str]:
+    """What every peer's process is told about threads (``_anchor_peers.THREADS`` reads the first)."""
+    return {
+        "QKV_ANCHOR_THREADS": str(n),
+        "OMP_NUM_THREADS": str(n),
+        "MKL_NUM_THREADS": str(n),
+        "OPENBLAS_NUM_THREADS": str(n),
+        "XLA_FLAGS": f"--xla_cpu_multi_thread_eigen={'true' if n > 1 else 'false'} intra_op_parallelism_threads={n}",
+        "JAX_PLATFORMS": "cpu",
+    }
+
+
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_tile")
 
 
@@ -195,9 +202,9 @@ def kv_bytes(w) -> int:
 def child(peer: str, names: list[str], rounds: int) -> None:
     """Runs one peer on the named workloads; one JSON row per workload on stdout."""
     import torch
-    from _anchor_peers import PEERS, NotApplicable, Unsupported, missing, sdpa
+    from _anchor_peers import PEERS, THREADS, NotApplicable, Unsupported, missing, sdpa
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(THREADS)
     prepare, module = PEERS[peer]
     ws = workloads()
     for name in names:
@@ -289,7 +296,7 @@ def header(argv: list[str]) -> dict[str, Any]:
         "isa": " ".join(f for f in ISA_FLAGS if f in flags) or "none of " + ", ".join(ISA_FLAGS),
         "qkv_isa": qkv_isa,
         "cpus": os.cpu_count(),
-        "threads": 2,
+        "threads": int(os.environ["QKV_ANCHOR_THREADS"]),
         "python": platform.python_version(),
         "versions": versions,
         "load_before": os.getloadavg(),
@@ -298,7 +305,7 @@ def header(argv: list[str]) -> dict[str, Any]:
 
 
 def run_child(peer: str, names: list[str], rounds: int, timeout: float) -> list[dict[str, Any]]:
-    env = {**os.environ, **THREAD_ENV}
+    env = dict(os.environ)  # main() set the thread variables
     cmd = [sys.executable, str(Path(__file__)), "--child", peer, "--workloads", ",".join(names)]
     cmd += ["--rounds", str(rounds)]
     rows: list[dict[str, Any]] = []
@@ -378,6 +385,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", default=None, help="also write the rows and header here")
     ap.add_argument("--markdown", default=None, help="also write the table here")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per peer process")
+    ap.add_argument("--threads", type=int, default=2, help="threads every peer is told to use (1: one core's rates)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     rounds = args.rounds or (3 if args.quick else 9)
@@ -391,8 +399,7 @@ def main(argv: list[str] | None = None) -> None:
     peers = [p.strip() for p in args.peers.split(",")]
     if set(peers) - set(PEERS):
         ap.error(f"unknown peers {sorted(set(peers) - set(PEERS))}; known: {', '.join(PEERS)}")
-    for k, v in THREAD_ENV.items():
-        os.environ.setdefault(k, v)
+    os.environ.update(thread_env(args.threads))
     head = header([str(Path(sys.argv[0]))] + argv)
     print(f"$ {head['command']}", file=sys.stderr, flush=True)
     rows: list[dict[str, Any]] = []

@@ -17,6 +17,8 @@ and kv head) against the bfloat16 cache, bfloat16 queries, interleaved with each
 floor (its code and scale bytes read plainly): the fraction of the floor (target >= 0.85) and the
 speed-up over the bf16 cache (target >= 1.8x at Nk >= 8k), for the kernel call and for
 qkv.attention over qkv.Quantized (the public call, its Python included).
+`--only sweep`: one thread, one head of MHA D=64 float32 from L2-sized to DRAM-sized caches, the kernel's
+cost a key against a plain read of the same bytes (does the loop's arithmetic hide under its reads?).
 `--only prefetch`: qkv.attention with the decode loop's prefetch target forced to L1 and to L2
 (`qkv._native.use_decode_prefetch`; dispatch.cpp picks one per CPU), interleaved with the floor,
 for float32 / bfloat16 caches and the three 8-bit ones: the fraction of the floor of each.
@@ -235,6 +237,29 @@ def fixed_cost(rounds):
         print(f"| {name} int8 cache Nk=16 | {t['kernel'] * 1e6:.1f} | {t['qkv.attention'] * 1e6:.1f} | |", flush=True)
 
 
+def sweep(rounds, stat):
+    """One thread, one head of MHA D=64 float32, the cache from L2 to DRAM: the kernel's cost a key
+    against a plain read of the same bytes. Where the loop's arithmetic overlaps its reads, the
+    kernel's cost from DRAM is the larger of its L2 cost and the read's; where it does not, the sum."""
+    torch.set_num_threads(1)
+    for nk in (4096, 16384, 65536, 262144):
+        q, k, v = tensors(1, 1, 64, nk, torch.float32)
+        out, lse = torch.empty(1, 1, 1, 64), torch.empty(1, 1, 1)
+
+        def kernel(q=q, k=k, v=v, out=out, lse=lse):
+            native.forward(q, k, v, out, lse, scale=0.125, threads=1)
+
+        inner = max(1, 65536 // nk)
+        t = round_robin({"kernel": kernel, "read": floor_reads(k, v)[0]}, rounds, inner=inner, stat=stat)
+        nbytes = 2 * k.numel() * 4
+        print(
+            f"| {nbytes / 2**20:.0f} MiB | {t['kernel'] / nk * 1e9:.1f} ({nbytes / t['kernel'] / 1e9:.1f}) | "
+            f"{t['read'] / nk * 1e9:.1f} ({nbytes / t['read'] / 1e9:.1f}) | {t['read'] / t['kernel']:.2f} |",
+            flush=True,
+        )
+    torch.set_num_threads(THREADS)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nk", default="32768", help="key counts, comma-separated")
@@ -264,6 +289,9 @@ def main() -> None:
         for nk in nks:
             for name, h, hkv, d in (("MHA 8/8 D=64", 8, 8, 64), ("GQA 32/8 D=128", 32, 8, 128)):
                 quant_case(name, h, hkv, d, nk, a.rounds, stat)
+    if "sweep" in a.only:
+        print("\n| K+V, one thread | kernel ns a key (GB/s) | read ns a key (GB/s) | fraction |\n|---|---|---|---|")
+        sweep(a.rounds, stat)
     if "prefetch" in a.only:
         print(
             f"\n(the CPU's own target: {native.decode_prefetch()})\n| case | cache | K+V (+ scales) "
