@@ -255,6 +255,7 @@ def child(peer: str, names: list[str], rounds: int) -> None:
 
 def header(argv: list[str]) -> dict[str, Any]:
     import torch
+    from _anchor_peers import THREADS
 
     info: dict[str, str] = {}
     with open("/proc/cpuinfo") as f:
@@ -296,7 +297,7 @@ def header(argv: list[str]) -> dict[str, Any]:
         "isa": " ".join(f for f in ISA_FLAGS if f in flags) or "none of " + ", ".join(ISA_FLAGS),
         "qkv_isa": qkv_isa,
         "cpus": os.cpu_count(),
-        "threads": int(os.environ["QKV_ANCHOR_THREADS"]),
+        "threads": int(os.environ.get("QKV_ANCHOR_THREADS", THREADS)),  # main() sets it for the peers
         "python": platform.python_version(),
         "versions": versions,
         "load_before": os.getloadavg(),
@@ -372,7 +373,7 @@ def markdown(head: dict[str, Any], rows: list[dict[str, Any]], loaded_label: str
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     sys.path.insert(0, str(HERE))
-    from _anchor_peers import PEERS
+    from _anchor_peers import PEERS, THREADS
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="3 rounds instead of 9 (a look, not a result)")
@@ -385,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", default=None, help="also write the rows and header here")
     ap.add_argument("--markdown", default=None, help="also write the table here")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per peer process")
-    ap.add_argument("--threads", type=int, default=2, help="threads every peer is told to use (1: one core's rates)")
+    ap.add_argument("--threads", type=int, default=None, help="threads every peer is told to use (1: one core's rates)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     rounds = args.rounds or (3 if args.quick else 9)
@@ -399,7 +400,7 @@ def main(argv: list[str] | None = None) -> None:
     peers = [p.strip() for p in args.peers.split(",")]
     if set(peers) - set(PEERS):
         ap.error(f"unknown peers {sorted(set(peers) - set(PEERS))}; known: {', '.join(PEERS)}")
-    os.environ.update(thread_env(args.threads))
+    os.environ.update(thread_env(args.threads or THREADS))
     head = header([str(Path(sys.argv[0]))] + argv)
     print(f"$ {head['command']}", file=sys.stderr, flush=True)
     rows: list[dict[str, Any]] = []
