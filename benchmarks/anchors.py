@@ -339,8 +339,8 @@ def markdown(head: dict[str, Any], rows: list[dict[str, Any]], loaded_label: str
         f"`{head['qkv_info']}`",
         "",
         f"CPU: {head['cpu']} ({head['cpu_family_model']}), {head['cpus']} CPUs, ISA: {head['isa']}; qkv's "
-        f"ISA path `{head['qkv_isa']}`; checkout `{head.get('checkout', 'unknown')}`; {head['threads']} threads "
-        f"everywhere; load average "
+        f"ISA path `{head['qkv_isa']}`; checkout `{head.get('checkout', 'unknown')}`; "
+        f"{head['threads']} thread{'s' if head['threads'] != 1 else ''} everywhere; load average "
         f"{head['load_before'][0]:.2f} before, {head.get('load_after', (float('nan'),))[0]:.2f} after; "
         f"Python {head['python']}; " + ", ".join(f"{k} {v}" for k, v in head["versions"].items()),
         "",

@@ -247,7 +247,7 @@ def sweep(rounds, stat):
         out, lse = torch.empty(1, 1, 1, 64), torch.empty(1, 1, 1)
 
         def kernel(q=q, k=k, v=v, out=out, lse=lse):
-            native.forward(q, k, v, out, lse, scale=0.125, threads=1)
+            native.forward(q, k, v, out, lse, scale=64**-0.5, threads=1)
 
         inner = max(1, 65536 // nk)
         t = round_robin({"kernel": kernel, "read": floor_reads(k, v)[0]}, rounds, inner=inner, stat=stat)
