@@ -3,6 +3,7 @@
     /work/anchors-venv/bin/python benchmarks/anchors.py            # ~10 minutes on 2 idle cores
     /work/anchors-venv/bin/python benchmarks/anchors.py --quick    # 3 rounds
     /work/anchors-venv/bin/python benchmarks/anchors.py --peers "vLLM CPU,qkv" --workloads W3
+    /work/anchors-venv/bin/python benchmarks/anchors.py --threads 1 --workloads W4mha
 
 The peers live in their own venv (``scripts/anchors-setup`` makes it; benchmarks/LOG.md, "Anchors",
 has the lines); a peer whose package is absent is a row that says so. Workloads (B = 1):
@@ -17,18 +18,18 @@ has the lines); a peer whose package is absent is a row that says so. Workloads 
         a scale per channel; OpenVINO PagedAttention's u8, asymmetric), against the same float32
         SDPA over the float K and V
 
-Method: each peer runs in its own process (its thread pool, its crashes and its memory stay
-there) with 2 threads set explicitly, against PyTorch SDPA in the same loop: rounds of SDPA, peer
-(order alternating), the ratio of each round SDPA time / peer time, the median and quartiles over
-``--rounds`` (>= 9) rounds. Before timing, every peer is checked against a float64 reference at a
-small size of the same workload (every row) and at the benchmark size on a sample of rows; a peer
-that disagrees by more than 8x SDPA's own error (at least the dtype's spacing at 1) is reported,
-not timed. For decode, ``of floor`` = the time of a plain read of K and V (``read floor``, measured
-the same way) / the kernel's time; with an 8-bit cache the read floor reads as many bytes as the
-codes of K and V (their scales not counted), and a peer's reference is the float64 attention over
-the Q, K and V its call attends after its own rounding (its cache dequantised: its semantics).
-The header records the CPU, its ISA, qkv's ISA path, the load average and the exact command.
-"""
+Method: each peer runs in its own process (its thread pool, its crashes and its memory stay there)
+with 2 threads set explicitly (``--threads 1``: one core's rates), against PyTorch SDPA in the same
+loop: rounds of SDPA, peer (order alternating), the ratio of each round SDPA time / peer time, the
+median and quartiles over ``--rounds`` (>= 9) rounds. Before timing, every peer is checked against a
+float64 reference at a small size of the same workload (every row) and at the benchmark size on a
+sample of rows; a peer that disagrees by more than 8x SDPA's own error (at least the dtype's spacing
+at 1) is reported, not timed. For decode, ``of floor`` = the time of a plain read of K and V (``read
+floor``, measured the same way) / the kernel's time; with an 8-bit cache the read floor reads as
+many bytes as the codes of K and V (their scales not counted), and a peer's reference is the float64
+attention over the Q, K and V its call attends after its own rounding (its cache dequantised: its
+semantics). The header records the CPU, its ISA, qkv's ISA path, the load average and the exact
+command."""
 
 from __future__ import annotations
 
